@@ -20,6 +20,7 @@ class BackendView:
     inflight: int
     load: LoadSnapshot | None
     load_stale: bool
+    inflight_at_scrape: int = 0
 
 
 @dataclass(frozen=True, slots=True)
