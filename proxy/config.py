@@ -197,42 +197,58 @@ class Config:
 
 @dataclass(frozen=True, slots=True)
 class LoadedConfig:
-    """A validated config with its policy built and where both came from."""
+    """A validated config with its policy built, where both came from, and the command-line
+    overrides applied on top (kept so that a reload of the file applies them again)."""
 
     config: Config
     policy: Policy
     source: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def load_config(path: str | Path) -> LoadedConfig:
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> LoadedConfig:
+    """Read a YAML file (or none: defaults) and apply ``overrides`` (dotted keys) on top."""
+    if path is None:
+        return parse_config("", overrides=overrides)
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError("", f"cannot read config: {e.strerror}", str(path)) from e
-    return parse_config(text, source=str(path), base_dir=path.parent)
+    return parse_config(text, source=str(path), base_dir=path.parent, overrides=overrides)
 
 
 def parse_config(
-    text: str, source: str | None = None, base_dir: Path | None = None
+    text: str,
+    source: str | None = None,
+    base_dir: Path | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> LoadedConfig:
-    data, lines = _load_yaml(text, source)
+    data, lines = load_yaml(text, source)
     if data is None:
         data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("", "the config file must be a YAML mapping", source, 1)
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
     try:
         config = _build(Config, data, "")
         _check(config)
         policy = resolve_policy(config.policy, base_dir)
     except ConfigError as e:
         raise ConfigError(e.path, _detail(e), source, _line_for(lines, e.path)) from None
-    return LoadedConfig(config=config, policy=policy, source=source)
+    return LoadedConfig(config=config, policy=policy, source=source, overrides=overrides or {})
 
 
-def config_from_mapping(data: dict[str, Any]) -> LoadedConfig:
-    """Build from an in-memory mapping (CLI flags, tests)."""
-    config = _build(Config, data, "")
-    _check(config)
-    return LoadedConfig(config=config, policy=resolve_policy(config.policy, None))
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = data
+    for key in parents:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[last] = value
 
 
 def resolve_policy(ref: str | dict[str, Any], base_dir: Path | None) -> Policy:
@@ -245,7 +261,7 @@ def resolve_policy(ref: str | dict[str, Any], base_dir: Path | None) -> Policy:
     candidates.append(POLICY_DIR / f"{ref}.yaml")
     for p in candidates:
         if p.is_file():
-            data, lines = _load_yaml(p.read_text(), str(p))
+            data, lines = load_yaml(p.read_text(), str(p))
             try:
                 return _policy_or_error(data, "")
             except ConfigError as e:
@@ -380,7 +396,7 @@ def _detail(e: ConfigError) -> str:
     return msg.split(prefix, 1)[1] if e.path and prefix in msg else msg
 
 
-def _load_yaml(text: str, source: str | None) -> tuple[Any, dict[str, int]]:
+def load_yaml(text: str, source: str | None) -> tuple[Any, dict[str, int]]:
     """Parse YAML safely and remember the line of every key path for error messages."""
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
