@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.admin import admin_routes
 from proxy.backends.monitor import BackendMonitor
 from proxy.backends.pool import Backend, BackendPool
 from proxy.config import Config, ConfigError, LoadedConfig, load_config
@@ -122,6 +123,7 @@ class ProxyApp:
         for path in ENDPOINTS:
             app.router.add_post(path, self.inference)
         app.router.add_route("*", "/v1/{tail:.*}", self.passthrough)
+        app.router.add_routes(admin_routes(self))
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
