@@ -27,7 +27,12 @@ bad_messages = (
     json_scalars
     | st.lists(json_scalars, min_size=1, max_size=3)
     | st.lists(
-        st.fixed_dictionaries({"role": json_scalars | st.lists(json_scalars, max_size=2)}),
+        st.fixed_dictionaries(
+            {
+                "role": json_scalars.filter(lambda v: not isinstance(v, str))
+                | st.lists(json_scalars, max_size=2)
+            }
+        ),
         min_size=1,
         max_size=3,
     )
@@ -35,7 +40,7 @@ bad_messages = (
         st.fixed_dictionaries(
             {
                 "role": st.just("user"),
-                "content": st.integers()
+                "content": st.integers(-(2**53), 2**53)
                 | st.dictionaries(st.text(max_size=3), json_scalars, max_size=2),
             }
         ),
