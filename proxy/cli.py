@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = sub.add_parser("demo", help="simulated fleet: round-robin vs prefix-aware routing")
     demo.add_argument("--replicas", type=int, default=4)
-    demo.add_argument("--sessions", type=int, default=48)
-    demo.add_argument("--turns", type=int, default=6)
+    demo.add_argument("--sessions", type=int, default=40)
+    demo.add_argument("--turns", type=int, default=8)
     demo.add_argument("--seconds", type=float, default=90.0, help="hard time limit")
     demo.add_argument("--charts", help="also write PNG charts here (needs matplotlib)")
 
