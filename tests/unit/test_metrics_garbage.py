@@ -114,7 +114,7 @@ SLOT = st.fixed_dictionaries(
 )
 
 
-@FUZZ
+@settings(FUZZ, max_examples=100)
 @given(st.binary() | JSON.map(lambda d: json.dumps(d).encode()))
 def test_llamacpp_endpoints_take_any_body(body: bytes) -> None:
     props, reason = parse_props(body)
@@ -123,7 +123,7 @@ def test_llamacpp_endpoints_take_any_body(body: bytes) -> None:
     assert (slots is None) != (reason is None)
 
 
-@FUZZ
+@settings(FUZZ, max_examples=100)
 @given(st.lists(SLOT | JSON, max_size=5))
 def test_llamacpp_slots_shapes(doc: list[object]) -> None:
     slots, reason = parse_slots(json.dumps(doc))
