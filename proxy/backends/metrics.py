@@ -1,7 +1,7 @@
 """Turn an engine's /metrics text into normalized load snapshots. Pure; never raises.
 
 Only the lines the dialect table names are handed to prometheus-client's own text
-parser, one line at a time: a 50 kB vLLM page costs a few dozen parser calls, and a
+parser, one line at a time: a 50 kB vLLM page costs a handful of parser calls, and a
 torn or garbled line costs that line only (counted in ``problems``), not the scrape.
 Working on sample names (which keep ``_total``) rather than family names (where the
 parser strips it from counters) keeps the table identical to what engines print.
@@ -41,7 +41,7 @@ PartKey = tuple[str | None, str]  # (model, partition label value)
 class MetricsReading:
     """The result of one parse.
 
-    ``problems`` holds short stable codes (``kind`` or ``kind:field``) the caller can
+    ``problems`` holds short stable codes (``kind`` or ``kind:name``) the caller can
     count as a metric label or log; it is empty when the page was clean. ``engine`` is
     None when nothing usable was found; a snapshot with some fields None is a partial
     reading, not an error.
