@@ -9,6 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jinja2 import TemplateError
+
+from loadtests.simulator.prompt import ChatRenderer
+
 DIALECTS = ("vllm", "sglang", "llamacpp")
 
 
@@ -100,9 +104,21 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     p.add_argument("--dialect", choices=DIALECTS, default=d.dialect)
     p.add_argument("--model", default=d.model, help="served model name")
     p.add_argument("--chat-template", help="Jinja2 chat template file (default: ChatML)")
-    p.add_argument("--block-tokens", type=_positive_int, default=d.block_tokens)
-    p.add_argument("--capacity-tokens", type=_positive_int, default=d.capacity_tokens)
-    p.add_argument("--max-running", type=_positive_int, default=d.max_running)
+    p.add_argument(
+        "--block-tokens", type=_positive_int, default=d.block_tokens, help="tokens per cache block"
+    )
+    p.add_argument(
+        "--capacity-tokens",
+        type=_positive_int,
+        default=d.capacity_tokens,
+        help="KV cache size; the prefix cache evicts LRU blocks beyond it",
+    )
+    p.add_argument(
+        "--max-running",
+        type=_positive_int,
+        default=d.max_running,
+        help="batch size limit; more requests wait in a FIFO queue (llama.cpp: slots)",
+    )
     p.add_argument("--max-model-len", type=_positive_int, default=d.max_model_len)
     p.add_argument("--default-max-tokens", type=_positive_int, default=d.default_max_tokens)
     p.add_argument(
@@ -110,7 +126,9 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     )
     p.add_argument("--decode-ms-per-token", type=_non_negative, default=d.decode_ms_per_token)
     p.add_argument("--decode-ms-per-seq", type=_non_negative, default=d.decode_ms_per_seq)
-    p.add_argument("--speedup", type=_positive_float, default=d.speedup)
+    p.add_argument(
+        "--speedup", type=_positive_float, default=d.speedup, help="divides every model time"
+    )
     p.add_argument(
         "--no-cache-generated",
         dest="cache_generated",
@@ -118,11 +136,15 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         help="keep only prompt blocks, not generated ones, in the prefix cache",
     )
     p.add_argument("--max-records", type=_positive_int, default=d.max_records)
-    p.add_argument("--fail-next", type=int, default=f.fail_next)
+    p.add_argument(
+        "--fail-next", type=int, default=f.fail_next, help="fail the next K generation requests"
+    )
     p.add_argument("--fail-status", type=int, default=f.fail_status)
-    p.add_argument("--hang", action="store_true")
+    p.add_argument("--hang", action="store_true", help="accept requests, never answer")
     p.add_argument("--chunk-delay-s", type=_non_negative, default=f.chunk_delay_s)
-    p.add_argument("--die-after-chunks", type=int, default=None)
+    p.add_argument(
+        "--die-after-chunks", type=int, default=None, help="drop the connection after K chunks"
+    )
     p.add_argument("--metrics-garbage", action="store_true")
     p.add_argument("--metrics-delay-s", type=_non_negative, default=f.metrics_delay_s)
     p.add_argument("--health-status", type=int, default=f.health_status)
@@ -145,6 +167,11 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         p.error(str(e))
     if a.capacity_tokens < a.block_tokens:
         p.error("--capacity-tokens must hold at least one block")
+    if a.chat_template is not None:
+        try:
+            ChatRenderer.from_file(a.chat_template)
+        except (OSError, UnicodeDecodeError, TemplateError) as e:
+            p.error(f"--chat-template {a.chat_template}: {e}")
     return SimConfig(
         port=a.port,
         host=a.host,

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
+import os
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -105,6 +108,7 @@ def build_app(cfg: SimConfig) -> web.Application:
 
     async def start_engine(app: web.Application) -> None:
         app["engine_task"] = asyncio.create_task(sim.engine.run())
+        app["engine_task"].add_done_callback(_exit_if_crashed)
 
     async def stop_engine(app: web.Application) -> None:
         app["engine_task"].cancel()
@@ -114,6 +118,13 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.on_startup.append(start_engine)
     app.on_cleanup.append(stop_engine)
     return app
+
+
+def _exit_if_crashed(task: asyncio.Task[None]) -> None:
+    """A dead scheduler would hang every request: log why and stop the process instead."""
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger(__name__).critical("scheduler crashed", exc_info=task.exception())
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _chat_parser(body: Any, renderer: ChatRenderer, default_max: int) -> GenRequest:

@@ -19,9 +19,9 @@ LLAMACPP_FIXTURES = ENGINE_FIXTURES / "llama-server-lcp0.3.36"
 DIALECTS = ("vllm", "sglang", "llamacpp")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fleet() -> Iterator[SimFleet]:
-    """One replica per dialect, fast timing."""
+    """One replica per dialect, fast timing; shared, so tests use ``urls`` which resets it."""
     with SimFleet(n=3, dialect=list(DIALECTS), model="sim-model", speedup=50) as f:
         yield f
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +120,19 @@ def test_reset_clears_cache_and_stats(urls: dict[str, str]) -> None:
     assert sim_stats(url)["cached_blocks"] == 0
     _, again = post_json(url + "/v1/completions", body)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_custom_chat_template_is_used_and_served(tmp_path: Path) -> None:
+    template = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    with SimFleet(n=1, dialect="llamacpp", chat_template=path) as fleet:
+        body = chat(fleet.urls[0], [{"role": "user", "content": "a" * 61}])
+        assert body["usage"]["prompt_tokens"] == math.ceil((6 + 61 + 11) / 4)
+        assert json.loads(get(fleet.urls[0] + "/props")[1])["chat_template"] == template
 
 
 @pytest.fixture(scope="module")
