@@ -353,7 +353,7 @@ class _Driver:
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": turn.text})
             else:
                 messages.append({"role": "user", "content": turn.text})
-            headers = {"X-Request-ID": f"{session.id}-{index}"}
+            headers = {"Content-Type": "application/json", "X-Request-ID": f"{session.id}-{index}"}
             if not session.one_shot:
                 headers["X-Session-ID"] = session.id
             body = {
