@@ -124,7 +124,7 @@ async def test_deadline_bounds_a_hanging_backend(pair: SimFleet) -> None:
     await pair.set_faults(1, hang=True)
     try:
         result = await asyncio.wait_for(
-            run_workload(pair.urls[1], TINY, model="sim-model", deadline_s=0.5), timeout=10
+            run_workload(pair.urls[1], TINY, model="sim-model", deadline_s=1.0), timeout=10
         )
     finally:
         await pair.reset()
