@@ -21,7 +21,9 @@ from typing import Any
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 from proxy.prompt.errors import PromptError, TemplateRenderError
 
@@ -57,8 +59,43 @@ def _tojson(
     )
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+_DICT_READERS = frozenset({"get", "items", "keys", "values"})
+_STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {
+    "format",
+    "format_map",
+}
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox with a fast path for the lookups templates do most: a key of a
+    message (``message.role``), a dict reader (``message.get``), a str method
+    (``content.strip``), a loop variable (``loop.last``) or a namespace field (``ns.index``).
+    Each returns what the sandbox's own lookup returns, without its exception and
+    safety-check overhead (which otherwise dominates rendering a long conversation)."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        kind = type(obj)
+        if kind is dict:
+            if attribute not in _DICT_ATTRIBUTES:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return self.undefined(obj=obj, name=attribute)
+            if attribute in _DICT_READERS:
+                return getattr(obj, attribute)
+        if kind is str and attribute in _STR_METHODS:
+            return getattr(obj, attribute)
+        if (kind is LoopContext or kind is Namespace) and not attribute.startswith("_"):
+            try:
+                return getattr(obj, attribute)
+            except AttributeError:
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _Sandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],

@@ -9,7 +9,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from proxy.prompt import (
     BUILTINS,
@@ -24,6 +26,7 @@ from proxy.prompt import (
     load_tokenizer_config,
     routing_text,
 )
+from proxy.prompt.messages import messages as canonical_messages
 
 ENGINES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "engines"
 DAY = date(2025, 3, 4)
@@ -405,6 +408,67 @@ def test_sandbox_refuses_python_internals_and_mutation() -> None:
     mutate = ChatTemplate("m", "{{ messages.append(1) }}")
     with pytest.raises(TemplateRenderError):
         mutate.render([])
+
+
+def test_fast_lookups_keep_the_sandbox_rules() -> None:
+    """Unsafe lookups fail or print nothing, exactly as in the plain sandbox."""
+    plain = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    for source in [
+        "{{ messages[0].update({'a': 1}) }}",
+        "{{ messages[0].pop('a') }}",
+        "{{ '{0.__class__}'.format(messages) }}",
+        "{% for m in messages %}{{ loop.__class__.__init__.__globals__ }}{% endfor %}",
+        "{% set ns = namespace(a=1) %}{{ ns._Namespace__attrs }}{{ ns.missing }}",
+        "{{ messages[0].__class__ }}{{ messages[0].missing }}{{ 'x'.__class__ }}",
+    ]:
+        try:
+            expected = plain.from_string(source).render(messages=[{"a": 1}])
+        except jinja2.TemplateError:
+            with pytest.raises(TemplateRenderError):
+                ChatTemplate("unsafe", source).render([{"a": 1}])
+        else:
+            assert expected == ""
+            assert ChatTemplate("unsafe", source).render([{"a": 1}]) == ""
+    shadowed = ChatTemplate("s", "{{ messages[0].items() | list }}|{{ messages[0].a }}")
+    assert shadowed.render([{"items": "x", "a": 1}]) == "[('items', 'x'), ('a', 1)]|1"
+
+
+def _hf_raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _hf_tojson(value: Any, indent: int | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_renders_exactly_like_the_plain_hugging_face_sandbox(registry, name: str) -> None:
+    """The fast lookups change nothing: same text (or same refusal) as a plain
+    ImmutableSandboxedEnvironment set up the way transformers sets it up."""
+    hf = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    hf.filters["tojson"] = _hf_tojson
+    hf.globals["raise_exception"] = _hf_raise
+    ours = registry.template_for(MODELS[name])
+    reference = hf.from_string(ours.source)
+    ids = ["aaaaaaaa1", "aaaaaaaa2", "aaaaaaaa3"]
+    for turn in [*chat_turns(), *agent_turns(ids, reasoning=True)]:
+        messages = canonical_messages(turn)
+        try:
+            expected = reference.render(
+                messages=messages,
+                tools=TOOLS,
+                add_generation_prompt=True,
+                bos_token=ours.bos_token,
+                eos_token=ours.eos_token,
+                strftime_now=DAY.strftime,
+            )
+        except jinja2.TemplateError:
+            with pytest.raises(TemplateRenderError):
+                ours.render(messages, TOOLS, True, DAY)
+            continue
+        assert ours.render(messages, TOOLS, True, DAY) == expected
 
 
 def test_bad_template_syntax_is_a_prompt_error() -> None:
