@@ -25,6 +25,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.admin import admin_routes
+from proxy.backends.discovery import from_config as discovery_from_config
 from proxy.backends.monitor import BackendMonitor
 from proxy.backends.pool import Backend, BackendPool
 from proxy.config import Config, ConfigError, LoadedConfig, load_config
@@ -107,6 +108,10 @@ class ProxyApp:
         self.monitor: BackendMonitor | None = None
         self.forwarder: Forwarder | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._discovery_task: asyncio.Task[None] | None = None
+        self._reaper_task: asyncio.Task[None] | None = None
+        self._leaving: set[str] = set()
+        self._probes: set[asyncio.Task[None]] = set()
         self._config_mtime: float | None = None
         for url in cfg.backends.static:
             self.pool.add(url, clock())
@@ -144,18 +149,52 @@ class ProxyApp:
             clock=self.clock,
         )
         await self.monitor.start()
+        self._start_discovery()
+        self._reaper_task = asyncio.create_task(self._reap_leaving())
         if self.loaded.source:
             self._watch_task = asyncio.create_task(self._watch_config_file())
 
     async def _on_cleanup(self, app: web.Application) -> None:
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
+        for task in (self._watch_task, self._discovery_task, self._reaper_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.monitor is not None:
             await self.monitor.stop()
         if self.session is not None:
             await self.session.close()
+
+    # Discovery: backends join cold, leave by draining, and their index entries go with them.
+
+    def _start_discovery(self) -> None:
+        if self._discovery_task is not None:
+            self._discovery_task.cancel()
+        source = discovery_from_config(self.runtime.config.backends)
+        if source is not None:
+            self._discovery_task = asyncio.create_task(source.run(self._on_discovered))
+
+    def _on_discovered(self, urls: frozenset[str]) -> None:
+        gone = self.pool.set_targets(urls, self.clock())
+        self._leaving.difference_update(u.rstrip("/") for u in urls)
+        self._leaving.update(gone)
+        if self.monitor is not None:
+            for url in urls:
+                backend = self.pool.get(url.rstrip("/"))
+                if backend is not None and backend.load is None:
+                    task = asyncio.create_task(self.monitor.check(backend))
+                    self._probes.add(task)
+                    task.add_done_callback(self._probes.discard)
+
+    async def _reap_leaving(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            for url in [
+                u for u in self._leaving if (b := self.pool.get(u)) is None or b.inflight == 0
+            ]:
+                self._leaving.discard(url)
+                if self.pool.remove(url) is not None:
+                    self.index.remove_backend(url)
 
     def _set_capacity(self, url: str, tokens: int) -> None:
         self.index.set_capacity(url, max(1, int(tokens / self.runtime.block_tokens)))
@@ -402,9 +441,8 @@ class ProxyApp:
         self.loaded, self.runtime = loaded, runtime
         for b in self.pool:
             b.templates_from_props = False  # the new registry learns llama.cpp templates again
-        now = self.clock()
-        if loaded.config.backends.static != old.config.backends.static:
-            self.pool.set_targets(loaded.config.backends.static, now)
+        if loaded.config.backends != old.config.backends:
+            self._start_discovery()
         self.metrics.config_reloads.labels("ok").inc()
         log.info("config reloaded: policy %s", runtime.policy.name)
 
