@@ -6,6 +6,7 @@ Pure apart from reading configured template files at startup.
 from proxy.prompt.blocks import block_hashes, salt_seed
 from proxy.prompt.errors import PromptError, TemplateRenderError
 from proxy.prompt.extract import ENDPOINTS, routing_text
+from proxy.prompt.messages import messages as chat_messages
 from proxy.prompt.registry import PromptConfig, TemplateRegistry
 from proxy.prompt.render import ChatTemplate, TemplateRaised
 from proxy.prompt.sources import LoadedTemplate, TemplateSource, load_tokenizer_config
@@ -25,6 +26,7 @@ __all__ = [
     "TemplateSource",
     "block_hashes",
     "builtin_name_for",
+    "chat_messages",
     "load_tokenizer_config",
     "routing_text",
     "salt_seed",
