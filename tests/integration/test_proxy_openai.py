@@ -94,9 +94,7 @@ async def test_usage_in_last_chunk_with_include_usage(proxy, clean, client):
 
 
 async def test_client_disconnect_aborts_upstream_within_a_second(proxy, clean, client):
-    for i in range(3):
-        await clean.set_faults(i, chunk_delay_s=0.3)
-    body = dict(CHAT, stream=True, max_tokens=200)
+    body = dict(CHAT, stream=True, max_tokens=20000)  # ~8 s of decoding at this speedup
     r = await client.post(proxy.url + "/v1/chat/completions", json=body)
     await r.content.readline()
     r.close()  # the client leaves mid-stream
