@@ -45,6 +45,7 @@ from proxy.routing.policy import Policy
 from proxy.routing.views import Decision, RequestView
 from proxy.telemetry.access_log import AccessLog
 from proxy.telemetry.metrics import ProxyMetrics
+from proxy.ui import ui_routes
 
 log = logging.getLogger("prefix_proxy")
 
@@ -129,6 +130,7 @@ class ProxyApp:
             app.router.add_post(path, self.inference)
         app.router.add_route("*", "/v1/{tail:.*}", self.passthrough)
         app.router.add_routes(admin_routes(self))
+        app.router.add_routes(ui_routes(self))
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
