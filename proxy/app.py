@@ -273,7 +273,9 @@ class ProxyApp:
                 status = denied.status
                 self.metrics.rejected.labels("unauthorized").inc()
                 return denied
-            raw = await read_body(request, rt.config.limits.max_body_bytes)
+            raw = await read_body(
+                request, rt.config.limits.max_body_bytes, rt.config.limits.body_timeout_s
+            )
             route_start = time.perf_counter()
             parsed = self._parse(endpoint, raw, request.method)
             model = parsed.model if parsed else ""

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from proxy.app import ProxyApp
 from proxy.config import ConfigError, LoadedConfig, load_config
+from proxy.connection_guard import HeaderDeadline
 
 log = logging.getLogger("prefix_proxy")
 
@@ -116,12 +117,19 @@ async def serve(loaded: LoadedConfig, reuse_port: bool = False) -> None:
         access_log=None,
         max_field_size=cfg.limits.max_header_bytes,
         max_line_size=cfg.limits.max_header_bytes,
+        keepalive_timeout=cfg.limits.keepalive_timeout_s,
     )
     await runner.setup()
-    site = web.TCPSite(
-        runner, cfg.listen.host, cfg.listen.port, reuse_port=reuse_port, backlog=2048
+    handler_factory = runner.server
+    assert handler_factory is not None
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: HeaderDeadline(handler_factory(), cfg.limits.header_timeout_s),
+        cfg.listen.host,
+        cfg.listen.port,
+        reuse_port=reuse_port,
+        backlog=2048,
     )
-    await site.start()
     log.info(
         "prefix-proxy listening on %s:%d, policy %s, %d backends",
         cfg.listen.host,
@@ -130,12 +138,12 @@ async def serve(loaded: LoadedConfig, reuse_port: bool = False) -> None:
         len(proxy.pool),
     )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, _reload_quietly, proxy)
     await stop.wait()
     log.info("shutting down: draining in-flight requests (up to %.0fs)", cfg.limits.drain_timeout_s)
+    server.close()  # stop accepting; in-flight requests finish within the drain deadline
     await runner.cleanup()
 
 

@@ -104,6 +104,9 @@ class UpstreamConfig:
 class LimitsConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     max_header_bytes: int = 16384
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 75.0
     drain_timeout_s: float = 30.0
 
 
@@ -290,6 +293,9 @@ def _check(config: Config) -> None:
         "upstream.first_byte_timeout_s": config.upstream.first_byte_timeout_s,
         "upstream.read_timeout_s": config.upstream.read_timeout_s,
         "limits.max_body_bytes": config.limits.max_body_bytes,
+        "limits.header_timeout_s": config.limits.header_timeout_s,
+        "limits.body_timeout_s": config.limits.body_timeout_s,
+        "limits.keepalive_timeout_s": config.limits.keepalive_timeout_s,
         "health.interval_s": config.health.interval_s,
         "health.timeout_s": config.health.timeout_s,
         "health.eject_after_failures": config.health.eject_after_failures,

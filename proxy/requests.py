@@ -7,6 +7,7 @@ unchanged, in the original bytes.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,17 +43,24 @@ class ParsedRequest:
     conversation_key: str | None
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, or 413 as soon as it is known to exceed ``limit``."""
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body; 413 as soon as it is known to exceed ``limit``, 408 if it trickles
+    in slower than ``timeout_s`` allows."""
     if request.content_length is not None and request.content_length > limit:
         raise ProxyError(413, f"request body exceeds {limit} bytes", "body_too_large")
     chunks = []
     size = 0
-    async for chunk in request.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            raise ProxyError(413, f"request body exceeds {limit} bytes", "body_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.content.iter_chunked(65536):
+                size += len(chunk)
+                if size > limit:
+                    raise ProxyError(413, f"request body exceeds {limit} bytes", "body_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ProxyError(
+            408, f"request body not received within {timeout_s:.0f}s", "body_timeout"
+        ) from None
     return b"".join(chunks)
 
 
