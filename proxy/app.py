@@ -202,7 +202,11 @@ class ProxyApp:
         self.index.set_capacity(url, max(1, int(tokens / self.runtime.block_tokens)))
 
     def _set_backend_template(self, model: str, source: str, bos: str, eos: str) -> None:
-        self.runtime.templates.set_backend_template(model, source, bos, eos)
+        """Use llama.cpp's own template; one that does not compile keeps the built-in one."""
+        try:
+            self.runtime.templates.set_backend_template(model, source, bos, eos)
+        except PromptError as e:
+            log.warning("backend template for %s rejected, keeping the default: %s", model, e)
 
     def _count_scrape(self, b: Backend, outcome: str, problems: tuple[str, ...]) -> None:
         self.metrics.scrapes.labels(b.url, outcome).inc()

@@ -226,6 +226,7 @@ class Engine:
                 x_request_id=seq.headers.get("x-request-id"),
                 traceparent=seq.headers.get("traceparent"),
                 x_session_id=seq.headers.get("x-session-id"),
+                authorization=seq.headers.get("authorization"),
                 block_hashes=seq.block_hashes,
                 output_block_hashes=output_hashes,
             )

@@ -46,7 +46,7 @@ from loadtests.simulator.wire import (
     Wire,
 )
 
-TRACKED_HEADERS = ("x-request-id", "traceparent", "x-session-id")
+TRACKED_HEADERS = ("x-request-id", "traceparent", "x-session-id", "authorization")
 EMBEDDING_DIM = 8
 GARBAGE_METRICS = "vllm:num_requests_running{{{ not prometheus\n\x00garbage 1 2 3\n"
 

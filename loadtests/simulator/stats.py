@@ -80,6 +80,7 @@ class RequestRecord:
     x_request_id: str | None
     traceparent: str | None
     x_session_id: str | None
+    authorization: str | None
     block_hashes: list[int]
     output_block_hashes: list[int]
 
