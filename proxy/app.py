@@ -45,6 +45,7 @@ from proxy.routing.policy import Policy
 from proxy.routing.views import Decision, RequestView
 from proxy.telemetry.access_log import AccessLog
 from proxy.telemetry.metrics import ProxyMetrics
+from proxy.telemetry.tracing import Tracing
 from proxy.ui import ui_routes
 
 log = logging.getLogger("prefix_proxy")
@@ -103,6 +104,7 @@ class ProxyApp:
         )
         self.metrics.watch(self.pool, self.index, clock)
         self.access_log = AccessLog(enabled=cfg.telemetry.access_log)
+        self.tracing = Tracing.from_config(cfg.telemetry.tracing)
         self.decisions: deque[dict[str, Any]] = deque(maxlen=cfg.telemetry.recent_decisions)
         self.seq = 0
         self.session: aiohttp.ClientSession | None = None
@@ -166,6 +168,7 @@ class ProxyApp:
             await self.monitor.stop()
         if self.session is not None:
             await self.session.close()
+        await self.tracing.shutdown()
 
     # Discovery: backends join cold, leave by draining, and their index entries go with them.
 
@@ -267,7 +270,8 @@ class ProxyApp:
         rt = self.runtime
         rid = request.headers.get("X-Request-ID") or uuid.uuid4().hex
         reply_headers = {"X-Request-ID": rid}
-        result = ForwardResult()
+        trace = self.tracing.start_request(request.headers, endpoint, request.method, request.path)
+        result = ForwardResult(trace=trace)
         model = ""
         decision: Decision | None = None
         view: RequestView | None = None
@@ -287,6 +291,7 @@ class ProxyApp:
             decision = rt.policy.decide(view, self.pool.views(view.now), self.index)
             self.metrics.routing_seconds.observe(time.perf_counter() - route_start)
             self.metrics.decisions.labels(rt.policy.name, decision.reason).inc()
+            result.trace.set_decision(model, rt.policy.name, decision, len(view.block_hashes))
             if not decision.ranked:
                 raise self._no_route(decision, model)
             if rt.config.telemetry.debug_header and request.headers.get(DEBUG_HEADER):
@@ -311,6 +316,7 @@ class ProxyApp:
             return e.response(reply_headers)
         finally:
             self._record(rid, endpoint, model, started, status, result, view, decision)
+            result.trace.end(status, result)
 
     def _parse(self, endpoint: str, raw: bytes, method: str) -> ParsedRequest | None:
         if endpoint == "other" and (method in ("GET", "HEAD", "DELETE") or not raw):

@@ -30,6 +30,7 @@ class ConfigError(ValueError):
         where = f"{source}:{line}: " if source and line else (f"{source}: " if source else "")
         super().__init__(f"{where}{path}: {message}" if path else f"{where}{message}")
         self.path = path
+        self.source = source
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +240,8 @@ def parse_config(
         _check(config)
         policy = resolve_policy(config.policy, base_dir)
     except ConfigError as e:
+        if e.source is not None:  # already located, in a policy file of its own
+            raise
         raise ConfigError(e.path, _detail(e), source, _line_for(lines, e.path)) from None
     return LoadedConfig(config=config, policy=policy, source=source, overrides=overrides or {})
 

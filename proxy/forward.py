@@ -24,6 +24,7 @@ from proxy.backends.pool import Backend, BackendPool
 from proxy.config import UpstreamConfig
 from proxy.errors import ProxyError, error_body
 from proxy.telemetry.metrics import ProxyMetrics
+from proxy.telemetry.tracing import NO_TRACE, RequestTrace
 
 log = logging.getLogger("prefix_proxy.forward")
 
@@ -57,6 +58,7 @@ class ForwardResult:
     error_kind: str | None = None
     client_aborted: bool = False
     retries: list[str] = field(default_factory=list)
+    trace: RequestTrace = NO_TRACE
 
 
 class Forwarder:
@@ -132,7 +134,7 @@ class Forwarder:
                     request.method,
                     url,
                     data=body if body else None,
-                    headers=headers,
+                    headers=result.trace.upstream_headers(headers, backend, request.method, url),
                     timeout=timeout,
                     allow_redirects=False,
                 )
@@ -246,6 +248,7 @@ class Forwarder:
         upstream: aiohttp.ClientResponse | None = None,
     ) -> ProxyError:
         result.error_kind = kind
+        result.trace.upstream_failed(kind, status)
         self.metrics.upstream_errors.labels(backend.url, kind).inc()
         if self.pool.record_failure(backend, self.clock()):
             self.metrics.ejections.labels(backend.url).inc()
