@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest_asyncio
 
 from proxy.cluster.codec import Batch, Update, encode_batch
-from proxy.cluster.sync import BUFFER_BATCHES, ClusterSync
+from proxy.cluster.sync import BUFFER_BATCHES, MAX_BACKENDS, ClusterSync
 from proxy.config import ClusterConfig
 from proxy.routing.index import PrefixIndex
 from proxy.telemetry.metrics import ProxyMetrics
@@ -286,6 +286,21 @@ async def test_garbage_in_the_stream_is_counted_and_skipped(redis_server, make_n
     await eventually(lambda: b.index.match(B1, [42, 43]) == 2, "the good entry still applies")
     assert b.events("invalid") == 3
     assert b.sync.status()["up"]
+
+
+async def test_backends_taken_from_peers_are_bounded(redis_server, make_node) -> None:
+    server = redis_server()
+    b = make_node(server.url, "b", capacity=4)
+    await b.sync.start()
+    await eventually(lambda: b.sync.status()["up"], "b up")
+    flood = [Update(f"http://h{i}", [i], 1.0) for i in range(MAX_BACKENDS + 5)]
+    fields, _ = encode_batch(Batch("peer", 1.0, flood))
+    raw = server.client()
+    raw.xadd("test:ownership", fields)
+    raw.close()
+    await eventually(lambda: b.events("received") == MAX_BACKENDS, "the first ones apply")
+    assert len(b.index.backends()) == MAX_BACKENDS
+    assert b.events("rejected") == 5
 
 
 async def test_inflight_counts_are_shared(redis_server, make_node) -> None:
