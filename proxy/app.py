@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -268,7 +268,7 @@ class ProxyApp:
     async def _serve(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         started = self.clock()
         rt = self.runtime
-        rid = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+        rid = request.headers.get("X-Request-ID") or os.urandom(16).hex()
         reply_headers = {"X-Request-ID": rid}
         trace = self.tracing.start_request(request.headers, endpoint, request.method, request.path)
         result = ForwardResult(trace=trace)

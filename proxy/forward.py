@@ -180,6 +180,18 @@ class Forwarder:
             (k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP
         )
         out_headers.update(response_headers)
+        if upstream.content.is_eof() and upstream.content_length == len(first):
+            # The whole (non-streamed) answer came with the head: one write, not two.
+            upstream.release()
+            out_headers.pop("Content-Type", None)
+            return web.Response(
+                status=upstream.status,
+                reason=upstream.reason,
+                body=first,
+                headers=out_headers,
+                content_type=upstream.content_type,
+                charset=upstream.charset,
+            )
         resp = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=out_headers
         )
