@@ -33,7 +33,9 @@ WAIT_MS = 20_000
 
 
 async def test_page_shows_the_fleet_live_and_a_dead_replica_turns_unhealthy(proxy, fleet) -> None:
-    playwright = pytest.importorskip("playwright.async_api")
+    playwright = pytest.importorskip(
+        "playwright.async_api", reason="playwright is not installed (the dev extra)"
+    )
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         await settled(http, proxy.url)
         assert await converse(proxy.url) == 24
