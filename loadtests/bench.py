@@ -62,6 +62,8 @@ class Row:
     req_per_s: float
     imbalance: float
     per_replica: tuple[int, ...]
+    ttfts_ms: tuple[float, ...] = ()
+    replica_arrivals_s: tuple[tuple[float, ...], ...] = ()
 
     @property
     def of_oracle(self) -> float:
@@ -93,6 +95,8 @@ async def measure(
     def ms(x: float | None) -> float | None:
         return None if x is None else x * 1000.0
 
+    first = min((r["arrival_unix"] for r in records), default=0.0)
+
     return Row(
         name=name,
         requests=summary.requests,
@@ -106,6 +110,10 @@ async def measure(
         req_per_s=summary.req_per_s,
         imbalance=max(per_replica) / mean if mean else 0.0,
         per_replica=per_replica,
+        ttfts_ms=tuple(r.ttft_s * 1000.0 for r in result.records if r.ok and r.ttft_s is not None),
+        replica_arrivals_s=tuple(
+            tuple(r["arrival_unix"] - first for r in s.get("records", [])) for s in stats
+        ),
     )
 
 

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-peers", dest="peers", action="store_false")
     p.add_argument("--quick", action="store_true", help="20 sessions, round-robin and default")
     p.add_argument("--out", default="reports/bench_routing.json")
+    p.add_argument("--charts", action="store_true", help="also write PNG charts (matplotlib)")
     args = p.parse_args(argv)
     if args.quick:
         args.sessions = 20
@@ -86,16 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     results = asyncio.run(run(args))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                w: [dataclasses.asdict(r) | {"of_oracle": r.of_oracle} for r in rows]
-                for w, rows in results.items()
-            },
-            indent=2,
-        )
-    )
+    results_doc = {
+        w: [dataclasses.asdict(r) | {"of_oracle": r.of_oracle} for r in rows]
+        for w, rows in results.items()
+    }
+    out.write_text(json.dumps(results_doc))
     print(f"\nrows written to {out}")
+    if args.charts:
+        from loadtests.charts import check_results, write_charts
+
+        for path in write_charts(check_results(results_doc), out.parent):
+            print(f"chart: {path}")
     return 0
 
 
