@@ -120,6 +120,7 @@ async def measure(
 HEADER = (
     f"{'router':<28} {'reqs':>5} {'err':>4} {'hit rate':>8} {'oracle':>7} {'of oracle':>9} "
     f"{'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>8} {'e2e p99':>8} {'req/s':>6} {'imbal':>6}"
+    f"  requests per replica"
 )
 
 
@@ -131,6 +132,7 @@ def format_row(r: Row) -> str:
         f"{r.name:<28} {r.requests:>5} {r.errors:>4} {r.hit_rate:>8.1%} {r.oracle:>7.1%} "
         f"{r.of_oracle:>9.1%} {f(r.ttft_p50_ms):>9} {f(r.ttft_p99_ms):>9} {f(r.e2e_p50_ms):>8} "
         f"{f(r.e2e_p99_ms):>8} {r.req_per_s:>6.1f} {r.imbalance:>6.2f}"
+        f"  {'/'.join(map(str, r.per_replica))}"
     )
 
 
