@@ -52,11 +52,15 @@ class DnsDiscoveryConfig:
 
 @dataclass(frozen=True, slots=True)
 class KubernetesDiscoveryConfig:
+    """EndpointSlices of ``service``; in a pod the defaults read the service account."""
+
     service: str = ""
     namespace: str | None = None
     port_name: str | None = None
     scheme: str = "http"
     api_server: str | None = None
+    token_path: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ca_path: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 
 
 @dataclass(frozen=True, slots=True)

@@ -342,7 +342,15 @@ def from_config(config: BackendsConfig) -> Discovery | None:
     if config.kubernetes is not None:
         k = config.kubernetes
         sources.append(
-            KubernetesDiscovery(k.service, k.namespace, k.port_name, k.scheme, k.api_server)
+            KubernetesDiscovery(
+                k.service,
+                k.namespace,
+                k.port_name,
+                k.scheme,
+                k.api_server,
+                token_path=Path(k.token_path),
+                ca_path=Path(k.ca_path),
+            )
         )
     if len(sources) > 1:
         return MergedDiscovery(sources)
