@@ -204,3 +204,17 @@ async def test_streams_survive_reload_and_sigterm_drains_in_flight():
                 assert rest1.rstrip().endswith(b"data: [DONE]")
                 assert rest2.rstrip().endswith(b"data: [DONE]")
             assert p.proc.wait(10) == 0
+
+
+async def test_config_file_change_is_picked_up_without_a_signal(mixed_fleet):
+    with ProxyProcess(mixed_fleet.urls, config={"admin": {"token": TOKEN}}) as p:
+        async with aiohttp.ClientSession() as s:
+
+            async def policy():
+                async with s.get(p.url + "/admin/backends", headers=ADMIN) as r:
+                    return (await r.json())["policy"]
+
+            await asyncio.sleep(1.1)  # a different mtime second from the file as written
+            p.config["policy"] = "throughput"
+            p.write_config()
+            assert await eventually(lambda: _eq(policy, "throughput"), timeout=8.0)
