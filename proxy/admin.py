@@ -135,7 +135,8 @@ class AdminApi:
     async def decisions(self, request: web.Request) -> web.Response:
         if (denied := check_admin_token(self.proxy, request)) is not None:
             return denied
-        return _json({"decisions": list(self.proxy.decisions), "at": time.time()})
+        limit = self.proxy.decisions.maxlen or 0
+        return _json({"decisions": self.proxy.recent_decisions(limit), "at": time.time()})
 
 
 async def _url_from(request: web.Request) -> str | web.Response:

@@ -105,7 +105,9 @@ class ProxyApp:
         self.metrics.watch(self.pool, self.index, clock)
         self.access_log = AccessLog(enabled=cfg.telemetry.access_log)
         self.tracing = Tracing.from_config(cfg.telemetry.tracing)
-        self.decisions: deque[dict[str, Any]] = deque(maxlen=cfg.telemetry.recent_decisions)
+        self.decisions: deque[tuple[str, str, int, Decision]] = deque(
+            maxlen=cfg.telemetry.recent_decisions
+        )
         self.seq = 0
         self.session: aiohttp.ClientSession | None = None
         self.monitor: BackendMonitor | None = None
@@ -400,10 +402,16 @@ class ProxyApp:
             backend.predicted_prompt_tokens += view.prompt_tokens
 
     def _remember(self, rid: str, model: str, view: RequestView, decision: Decision) -> None:
-        self.decisions.append(
-            {"request_id": rid, "model": model, "blocks": len(view.block_hashes)}
-            | _decision_summary(decision)
-        )
+        """Keep the decision as it is; it is formatted only when someone looks."""
+        self.decisions.append((rid, model, len(view.block_hashes), decision))
+
+    def recent_decisions(self, limit: int) -> list[dict[str, Any]]:
+        """The last ``limit`` routing decisions with their reasons, oldest first."""
+        recent = list(self.decisions)[-limit:] if limit > 0 else []
+        return [
+            {"request_id": rid, "model": model, "blocks": blocks} | _decision_summary(decision)
+            for rid, model, blocks, decision in recent
+        ]
 
     def _record(
         self,

@@ -79,7 +79,7 @@ def ui_state(proxy: ProxyApp, history: SampleHistory, decisions_limit: int) -> d
             )
         )
     cluster = getattr(proxy, "cluster", None)
-    decisions = list(proxy.decisions)[-decisions_limit:] if decisions_limit > 0 else []
+    decisions = proxy.recent_decisions(decisions_limit)
     return {
         "at": time.time(),
         "policy": proxy.runtime.policy.name,
