@@ -98,7 +98,7 @@ class IndexConfig:
 class UpstreamConfig:
     max_attempts: int = 3
     connect_timeout_s: float = 3.0
-    first_byte_timeout_s: float = 120.0
+    first_byte_timeout_s: float = 300.0
     read_timeout_s: float = 300.0
     authorization: Literal["pass", "replace", "drop"] = "pass"
     token: str | None = None

@@ -14,8 +14,9 @@ def healthy(req: RequestView, b: BackendView) -> bool:
 
 
 def serves_model(req: RequestView, b: BackendView) -> bool:
-    """A backend whose model list is not known yet is assumed to serve anything."""
-    return not b.models or req.model in b.models
+    """A request naming no model (a pass-through GET) and a backend whose model list is not
+    known yet both match anything."""
+    return not req.model or not b.models or req.model in b.models
 
 
 def not_draining(req: RequestView, b: BackendView) -> bool:

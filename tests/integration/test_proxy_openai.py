@@ -231,3 +231,11 @@ async def test_no_healthy_backend_gives_503(fleet, client):
             assert error_shape(await r.json())["code"] == "no_healthy_backend"
         async with client.get(p.url + "/ready") as r:
             assert r.status == 503
+
+
+async def test_unknown_v1_paths_pass_through_to_a_backend(proxy, client):
+    async with client.get(proxy.url + "/v1/no/such/route") as r:
+        body = await r.read()
+        assert r.status == 404
+        assert r.headers["X-Request-ID"]
+    assert b"model_not_found" not in body  # the backend's own 404, not the proxy's
