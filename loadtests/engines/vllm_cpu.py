@@ -128,9 +128,9 @@ async def _serve(n: int) -> None:
     """Run a fleet until SIGTERM or Ctrl-C, then stop it cleanly."""
     started = time.monotonic()
     async with VllmFleet(n) as fleet:
-        print(f"{n} replicas healthy in {time.monotonic() - started:.1f}s")
+        print(f"{n} replicas healthy in {time.monotonic() - started:.1f}s", flush=True)
         for replica in fleet.replicas:
-            print(f"  {replica.url}  rss {replica.rss_bytes() / 2**20:.0f} MiB")
+            print(f"  {replica.url}  rss {replica.rss_bytes() / 2**20:.0f} MiB", flush=True)
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await stop.wait()

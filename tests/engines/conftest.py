@@ -7,6 +7,7 @@ Fixtures (for any test under tests/engines/):
                                   -> unstarted LlamaFleet, used as
                                   `async with llama_fleet_factory(n=2) as fleet:`
     llama_fleet          function a started 3-replica fleet (`fleet.urls`, `fleet.replicas`)
+    http_session         function an aiohttp.ClientSession with a 60 s total timeout
 
 Outside CI they skip with the reason when the machine cannot build llama.cpp or lacks the
 `gguf`/`tokenizers` packages; under CI (env CI set) they fail instead, since CI must run them.
@@ -20,11 +21,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+import aiohttp
 import pytest
 
 if TYPE_CHECKING:
     from loadtests.engines.llamacpp import LlamaFleet
 
+FleetFactory = Callable[..., "LlamaFleet"]
 SHARED_FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "engines"
 
 
@@ -60,7 +63,7 @@ def tiny_gguf(engine_packages: None) -> Path:
 
 
 @pytest.fixture
-def llama_fleet_factory(llama_server_bin: Path, tiny_gguf: Path) -> Callable[..., LlamaFleet]:
+def llama_fleet_factory(llama_server_bin: Path, tiny_gguf: Path) -> FleetFactory:
     from loadtests.engines.llamacpp import LlamaFleet
 
     def make(
@@ -78,6 +81,12 @@ def llama_fleet_factory(llama_server_bin: Path, tiny_gguf: Path) -> Callable[...
 
 
 @pytest.fixture
-async def llama_fleet(llama_fleet_factory: Callable[..., LlamaFleet]) -> AsyncIterator[LlamaFleet]:
+async def llama_fleet(llama_fleet_factory: FleetFactory) -> AsyncIterator[LlamaFleet]:
     async with llama_fleet_factory() as fleet:
         yield fleet
+
+
+@pytest.fixture
+async def http_session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        yield session

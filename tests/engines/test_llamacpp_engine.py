@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import pytest
 
-from loadtests.engines.replica import EngineStartError
-from tests.engines.conftest import SHARED_FIXTURES
-
-if TYPE_CHECKING:
-    from loadtests.engines.llamacpp import LlamaFleet
-
-FleetFactory = Callable[..., "LlamaFleet"]
+from tests.engines.conftest import SHARED_FIXTURES, FleetFactory
 
 pytestmark = pytest.mark.engines
 
@@ -71,28 +63,22 @@ async def cached_tokens_of(
     return after[key] - before[key], reply
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
-        yield client
-
-
 async def test_models_serves_the_alias(
-    llama_fleet_factory: FleetFactory, session: aiohttp.ClientSession
+    llama_fleet_factory: FleetFactory, http_session: aiohttp.ClientSession
 ) -> None:
     async with (
         llama_fleet_factory(n=1) as fleet,
-        session.get(fleet.urls[0] + "/v1/models") as response,
+        http_session.get(fleet.urls[0] + "/v1/models") as response,
     ):
         models = await response.json()
     assert [model["id"] for model in models["data"]] == [MODEL]
 
 
 async def test_chat_non_stream(
-    llama_fleet_factory: FleetFactory, session: aiohttp.ClientSession
+    llama_fleet_factory: FleetFactory, http_session: aiohttp.ClientSession
 ) -> None:
     async with llama_fleet_factory(n=1) as fleet:
-        reply = await chat(session, fleet.urls[0], chat_body("hello", max_tokens=6))
+        reply = await chat(http_session, fleet.urls[0], chat_body("hello", max_tokens=6))
     assert reply["object"] == "chat.completion"
     assert reply["choices"][0]["message"]["role"] == "assistant"
     assert reply["choices"][0]["finish_reason"] in {"stop", "length"}
@@ -101,11 +87,11 @@ async def test_chat_non_stream(
 
 
 async def test_chat_stream_is_server_sent_events(
-    llama_fleet_factory: FleetFactory, session: aiohttp.ClientSession
+    llama_fleet_factory: FleetFactory, http_session: aiohttp.ClientSession
 ) -> None:
     async with llama_fleet_factory(n=1) as fleet:
         url = fleet.urls[0] + "/v1/chat/completions"
-        async with session.post(url, json=chat_body("hello", stream=True)) as response:
+        async with http_session.post(url, json=chat_body("hello", stream=True)) as response:
             assert response.headers["Content-Type"].startswith("text/event-stream")
             payloads = [
                 line.removeprefix(b"data: ").strip()
@@ -119,10 +105,10 @@ async def test_chat_stream_is_server_sent_events(
 
 
 async def test_metrics_have_the_names_the_proxy_reads(
-    llama_fleet_factory: FleetFactory, session: aiohttp.ClientSession
+    llama_fleet_factory: FleetFactory, http_session: aiohttp.ClientSession
 ) -> None:
     async with llama_fleet_factory(n=1) as fleet:
-        names = set(await metrics(session, fleet.urls[0]))
+        names = set(await metrics(http_session, fleet.urls[0]))
     assert {
         "llamacpp:requests_processing",
         "llamacpp:requests_deferred",
@@ -135,12 +121,12 @@ async def test_metrics_have_the_names_the_proxy_reads(
 
 
 async def test_slots_and_props_describe_capacity_and_template(
-    llama_fleet_factory: FleetFactory, session: aiohttp.ClientSession
+    llama_fleet_factory: FleetFactory, http_session: aiohttp.ClientSession
 ) -> None:
     async with llama_fleet_factory(n=1, np=4, ctx=4096) as fleet:
-        async with session.get(fleet.urls[0] + "/slots") as response:
+        async with http_session.get(fleet.urls[0] + "/slots") as response:
             slots = await response.json()
-        async with session.get(fleet.urls[0] + "/props") as response:
+        async with http_session.get(fleet.urls[0] + "/props") as response:
             props = await response.json()
     assert [slot["id"] for slot in slots] == [0, 1, 2, 3]
     assert {slot["n_ctx"] for slot in slots} == {1024}
@@ -151,15 +137,15 @@ async def test_slots_and_props_describe_capacity_and_template(
 
 
 async def test_repeated_and_extended_prompts_are_served_from_cache(
-    llama_fleet_factory: FleetFactory, session: aiohttp.ClientSession
+    llama_fleet_factory: FleetFactory, http_session: aiohttp.ClientSession
 ) -> None:
     turn = chat_body("what does main.py do?")
     async with llama_fleet_factory(n=1) as fleet:
         url = fleet.urls[0]
-        cold, reply = await cached_tokens_of(session, url, turn)
-        warm, warm_reply = await cached_tokens_of(session, url, turn)
+        cold, reply = await cached_tokens_of(http_session, url, turn)
+        warm, warm_reply = await cached_tokens_of(http_session, url, turn)
         turn["messages"] += [reply["choices"][0]["message"], {"role": "user", "content": "and?"}]
-        next_turn, _ = await cached_tokens_of(session, url, turn)
+        next_turn, _ = await cached_tokens_of(http_session, url, turn)
     prompt_tokens = reply["usage"]["prompt_tokens"]
     assert cold == 0
     assert warm == prompt_tokens - 1  # the last prompt token is always recomputed
@@ -168,14 +154,14 @@ async def test_repeated_and_extended_prompts_are_served_from_cache(
 
 
 async def test_cache_is_per_replica(
-    llama_fleet_factory: FleetFactory, session: aiohttp.ClientSession
+    llama_fleet_factory: FleetFactory, http_session: aiohttp.ClientSession
 ) -> None:
     body = chat_body("list the tests")
     async with llama_fleet_factory(n=2) as fleet:
         first, second = fleet.urls
-        await cached_tokens_of(session, first, body)
-        assert (await cached_tokens_of(session, second, body))[0] == 0
-        assert (await cached_tokens_of(session, first, body))[0] > 50
+        await cached_tokens_of(http_session, first, body)
+        assert (await cached_tokens_of(http_session, second, body))[0] == 0
+        assert (await cached_tokens_of(http_session, first, body))[0] > 50
 
 
 @pytest.mark.parametrize(
@@ -183,7 +169,7 @@ async def test_cache_is_per_replica(
 )
 async def test_host_ram_prompt_cache_restores_evicted_prompts(
     llama_fleet_factory: FleetFactory,
-    session: aiohttp.ClientSession,
+    http_session: aiohttp.ClientSession,
     extra_args: tuple[str, ...],
     remembers_evicted: bool,
 ) -> None:
@@ -193,34 +179,11 @@ async def test_host_ram_prompt_cache_restores_evicted_prompts(
     second = chat_body("what does main.py do?", system="Agent B. " + SYSTEM)
     async with llama_fleet_factory(n=1, np=1, extra_args=extra_args) as fleet:
         url = fleet.urls[0]
-        _, reply = await cached_tokens_of(session, url, first)
-        await cached_tokens_of(session, url, second)
-        again, _ = await cached_tokens_of(session, url, first)
+        _, reply = await cached_tokens_of(http_session, url, first)
+        await cached_tokens_of(http_session, url, second)
+        again, _ = await cached_tokens_of(http_session, url, first)
     whole_prompt = reply["usage"]["prompt_tokens"] - 1
     if remembers_evicted:
         assert again == whole_prompt
     else:
         assert again < whole_prompt / 4  # only the chat template's opening is shared
-
-
-async def test_fleet_stops_every_replica(
-    llama_fleet_factory: FleetFactory, session: aiohttp.ClientSession
-) -> None:
-    async with llama_fleet_factory(n=2) as fleet:
-        replicas = list(fleet.replicas)
-        assert all(replica.rss_bytes() > 0 for replica in replicas)
-    assert all(replica.process.returncode is not None for replica in replicas)
-    with pytest.raises(aiohttp.ClientConnectionError):
-        await session.get(replicas[0].url + "/health")
-
-
-async def test_bad_model_fails_start_with_the_log(
-    llama_fleet_factory: FleetFactory, tmp_path: Path
-) -> None:
-    garbage = tmp_path / "garbage.gguf"
-    garbage.write_bytes(b"not a gguf file")
-    fleet = llama_fleet_factory(n=1, model=garbage)
-    with pytest.raises(EngineStartError, match="exited"):
-        async with fleet:
-            pass
-    assert fleet.replicas == []
