@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +21,12 @@ import yaml
 
 from proxy.routing.policy import Policy, PolicyError, build_policy
 
-POLICY_DIR = Path(__file__).resolve().parent.parent / "policies"
+# Presets: the repository's policies/ (source checkouts, editable installs), else where a
+# wheel install puts them.
+POLICY_DIRS = (
+    Path(__file__).resolve().parent.parent / "policies",
+    Path(sys.prefix) / "share" / "prefix-proxy" / "policies",
+)
 
 
 class ConfigError(ValueError):
@@ -147,6 +153,7 @@ class AuthConfig:
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     redis_url: str | None = None
+    redis_url_env: str | None = None
     key_prefix: str = "prefix-proxy"
     flush_interval_s: float = 0.05
     max_batch: int = 512
@@ -268,7 +275,7 @@ def resolve_policy(ref: str | dict[str, Any], base_dir: Path | None) -> Policy:
     candidates = [Path(ref)]
     if base_dir is not None:
         candidates.append(base_dir / ref)
-    candidates.append(POLICY_DIR / f"{ref}.yaml")
+    candidates += [d / f"{ref}.yaml" for d in POLICY_DIRS]
     for p in candidates:
         if p.is_file():
             data, lines = load_yaml(p.read_text(), str(p))
@@ -276,7 +283,7 @@ def resolve_policy(ref: str | dict[str, Any], base_dir: Path | None) -> Policy:
                 return _policy_or_error(data, "")
             except ConfigError as e:
                 raise ConfigError(e.path, _detail(e), str(p), _line_for(lines, e.path)) from None
-    presets = sorted(f.stem for f in POLICY_DIR.glob("*.yaml"))
+    presets = sorted({f.stem for d in POLICY_DIRS for f in d.glob("*.yaml")})
     raise ConfigError("policy", f"no preset or file named {ref!r}; presets: {presets}")
 
 

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,12 +126,15 @@ def test_healthcheck_command_passes_then_fails_when_the_proxy_stops(
     assert check() != 0
 
 
-def test_policy_presets_ship_beside_the_package() -> None:
-    """The image installs /app editable so that proxy.config.POLICY_DIR (policies/ next to
-    the package) exists; the config's preset must be one of them."""
+def test_policy_presets_ship_with_the_install() -> None:
+    """The image pip-installs the project, whose wheel carries policies/*.yaml as data files
+    (pyproject's data-files); the config's preset must be one of them."""
     run = instruction("RUN")
-    assert "pip install --editable ." in run
-    assert instruction("WORKDIR") == "/app"
+    assert "pip install ." in run
+    data_files = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "data-files"
+    ]
+    assert data_files["share/prefix-proxy/policies"] == ["policies/*.yaml"]
     copies = [a.split() for word, a in containerfile() if word == "COPY"]
     assert ["policies/", "policies/"] in copies and ["proxy/", "proxy/"] in copies
     preset = load_config(IMAGE_CONFIG).config.policy
