@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
 
 from tests.engines.conftest import SHARED_FIXTURES, FleetFactory
+
+if TYPE_CHECKING:
+    from loadtests.engines.llamacpp import LlamaFleet
 
 pytestmark = pytest.mark.engines
 
@@ -154,14 +157,14 @@ async def test_repeated_and_extended_prompts_are_served_from_cache(
 
 
 async def test_cache_is_per_replica(
-    llama_fleet_factory: FleetFactory, http_session: aiohttp.ClientSession
+    llama_fleet: LlamaFleet, http_session: aiohttp.ClientSession
 ) -> None:
     body = chat_body("list the tests")
-    async with llama_fleet_factory(n=2) as fleet:
-        first, second = fleet.urls
-        await cached_tokens_of(http_session, first, body)
-        assert (await cached_tokens_of(http_session, second, body))[0] == 0
-        assert (await cached_tokens_of(http_session, first, body))[0] > 50
+    first, *others = llama_fleet.urls
+    await cached_tokens_of(http_session, first, body)
+    for url in others:
+        assert (await cached_tokens_of(http_session, url, body))[0] == 0
+    assert (await cached_tokens_of(http_session, first, body))[0] > 50
 
 
 @pytest.mark.parametrize(
