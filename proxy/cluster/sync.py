@@ -73,6 +73,7 @@ READ_COUNT = 32
 COMMAND_TIMEOUT_S = 2.0  # a Redis slower than this counts as down
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
+STOP_TIMEOUT_S = COMMAND_TIMEOUT_S + READ_BLOCK_MS / 1000 + 0.5
 INFLIGHT_HEARTBEAT_S = 1.0
 INFLIGHT_TTL_S = 3.0
 MAX_BACKENDS = 4096
@@ -121,7 +122,7 @@ class ClusterSync:
         self._counts = dict.fromkeys(EVENTS, 0)
         self._client: aioredis.Redis | None = None
         self._task: asyncio.Task[None] | None = None
-        self._stopped = False
+        self._stopping = asyncio.Event()
         self._state = "stopped"
         self._since = clock()
         self._last_error: str | None = None
@@ -139,7 +140,7 @@ class ClusterSync:
 
     async def start(self) -> None:
         """Connects in the background: never waits for Redis, never raises."""
-        if not self.enabled or self._task is not None or self._stopped:
+        if not self.enabled or self._task is not None or self._stopping.is_set():
             return
         try:
             self._client = aioredis.from_url(
@@ -155,12 +156,18 @@ class ClusterSync:
         self._task = asyncio.create_task(self._supervise(), name="cluster-sync")
 
     async def stop(self) -> None:
-        """Best effort: flush what is queued and withdraw in-flight counts, then close."""
-        self._stopped = True
+        """Best effort: flush what is queued and withdraw in-flight counts, then close.
+
+        The loops also watch a stop flag, because cancellation alone is not reliable:
+        redis-py 8.1 on Python 3.11 now and then swallows a task's cancellation inside a
+        command (seen in MULTI/EXEC pipelines), which would leave a loop running forever.
+        """
+        self._stopping.set()
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            done, _ = await asyncio.wait([self._task], timeout=STOP_TIMEOUT_S)
+            if not done:
+                log.warning("cluster sync did not stop within %.1f s", STOP_TIMEOUT_S)
             self._task = None
         if self._client is None:
             return
@@ -181,7 +188,7 @@ class ClusterSync:
 
     def publish(self, backend: str, hashes: Sequence[int]) -> None:
         """Queue ``backend`` took ``hashes`` for peers. Do not mutate ``hashes`` afterwards."""
-        if not self.enabled or self._stopped or not hashes:
+        if not self.enabled or not hashes or self._stopping.is_set():
             return
         buf = self._buffer
         if len(buf) == buf.maxlen:
@@ -226,7 +233,7 @@ class ClusterSync:
     async def _supervise(self) -> None:
         assert self._client is not None
         delay = BACKOFF_MIN_S
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self._session(self._client)
             except Exception as e:  # any failure: serve locally, reconnect later
@@ -235,8 +242,14 @@ class ClusterSync:
                 self._went_down(e)
                 with contextlib.suppress(RedisError, OSError):
                     await self._client.connection_pool.disconnect()  # drop stale connections
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            await self._pause(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, BACKOFF_MAX_S)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake up at once when ``stop`` is called."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
 
     async def _session(self, r: aioredis.Redis) -> None:
         async with asyncio.timeout(COMMAND_TIMEOUT_S):
@@ -331,9 +344,9 @@ class ClusterSync:
             await asyncio.sleep(0)
 
     async def _snapshot_loop(self, r: aioredis.Redis) -> None:
-        while True:
+        while not self._stopping.is_set():
             await self._write_snapshot(r)
-            await asyncio.sleep(max(0.1, self.cfg.snapshot_interval_s))
+            await self._pause(max(0.1, self.cfg.snapshot_interval_s))
 
     async def _write_snapshot(self, r: aioredis.Redis) -> None:
         now = self._clock()
@@ -358,7 +371,7 @@ class ClusterSync:
     # Receiving
 
     async def _read_loop(self, r: aioredis.Redis) -> None:
-        while True:
+        while not self._stopping.is_set():
             assert self._position is not None
             reply = await r.xread(
                 {self._stream: self._position}, count=READ_COUNT, block=READ_BLOCK_MS
@@ -435,7 +448,7 @@ class ClusterSync:
     # Sending
 
     async def _flush_loop(self, r: aioredis.Redis) -> None:
-        while True:
+        while not self._stopping.is_set():
             if len(self._buffer) < self._max_batch:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._flush_s):

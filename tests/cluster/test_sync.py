@@ -332,6 +332,21 @@ async def test_inflight_sharing_off_by_default(redis_server, make_node) -> None:
     assert b.sync.remote_inflight(B1) == 0
 
 
+async def test_stop_always_ends_the_background_work(redis_server, make_node) -> None:
+    """Stopping right as snapshots are written: cancellation alone once hung here (redis-py
+    can swallow a cancel inside MULTI/EXEC), so stop must not depend on it."""
+    server = redis_server()
+    for i in range(60):
+        node = make_node(server.url, f"n{i}", snapshot_interval_s=0.001, flush_interval_s=0.001)
+        node.index.insert(B1, [1, 2, 3])
+        await node.sync.start()
+        await eventually(lambda n=node: n.sync.status()["up"], "up")
+        task = node.sync._task
+        await asyncio.wait_for(node.sync.stop(), 10)
+        assert task is not None and task.done()
+        assert node.sync.status()["state"] == "stopped"
+
+
 async def test_disabled_without_redis_url(make_node) -> None:
     a = make_node(None, "a")
     await a.sync.start()
