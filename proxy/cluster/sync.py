@@ -88,7 +88,12 @@ def default_node_id() -> str:
 
 
 class ClusterSync:
-    """Publishes local prefix ownership to peers and applies theirs to the local index."""
+    """Publishes local prefix ownership to peers and applies theirs to the local index.
+
+    ``clock`` must be wall-clock time (not monotonic): update times are compared across
+    hosts for the lag gauge and in-flight freshness. ``inflight`` returns this node's own
+    per-backend in-flight counts; it is read only when ``cfg.share_inflight`` is on.
+    """
 
     def __init__(
         self,
