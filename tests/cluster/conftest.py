@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import redis
 
 REDIS_SERVER = shutil.which("redis-server")
 OPENSSL = shutil.which("openssl")
+PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -62,7 +65,10 @@ class RedisServer:
         else:
             args += ["--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [*args, *self.extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [*args, *self.extra],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
         self.wait_ready()
 
@@ -101,6 +107,12 @@ class RedisServer:
         if self.tls:
             kwargs |= {"ssl": True, "ssl_ca_certs": str(self.cert)}
         return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, **kwargs)
+
+
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGKILL if pytest itself is killed, so none outlives a run."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def self_signed_cert(cert: Path, key: Path) -> None:
