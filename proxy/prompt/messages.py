@@ -97,16 +97,20 @@ def tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
         raise PromptError(f"{where} must be a list")
     calls = []
     for i, call in enumerate(value):
-        if not isinstance(call, dict):
-            raise PromptError(f"{where}[{i}] must be an object")
-        function = call.get("function")
-        if not isinstance(function, dict):
-            raise PromptError(f"{where}[{i}].function must be an object")
-        if not isinstance(function.get("name"), str):
-            raise PromptError(f"{where}[{i}].function.name must be a string")
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise PromptError(_call_problem(call, f"{where}[{i}]"))
         parsed = {**function, "arguments": parse_arguments(function.get("arguments"))}
         calls.append({**call, "type": call.get("type") or "function", "function": parsed})
     return calls
+
+
+def _call_problem(call: Any, where: str) -> str:
+    if not isinstance(call, dict):
+        return f"{where} must be an object"
+    if not isinstance(call.get("function"), dict):
+        return f"{where}.function must be an object"
+    return f"{where}.function.name must be a string"
 
 
 def message(value: Any, where: str) -> dict[str, Any]:
@@ -116,7 +120,11 @@ def message(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value.get("role"), str):
         raise PromptError(f"{where}.role must be a string")
     out = {key: item for key, item in value.items() if item is not None}
-    out["content"] = content(value.get("content"), f"{where}.content")
+    text = value.get("content")
+    if text is None:
+        out["content"] = ""
+    elif type(text) is not str:
+        out["content"] = content(text, f"{where}.content")
     calls = value.get("tool_calls")
     if calls is None or calls == []:
         out.pop("tool_calls", None)
@@ -126,10 +134,26 @@ def message(value: Any, where: str) -> dict[str, Any]:
 
 
 def messages(value: Any, where: str = "messages") -> list[dict[str, Any]]:
-    """A non-empty list of chat messages in canonical form."""
+    """A non-empty list of chat messages in canonical form.
+
+    A message already in it (a string role and content, no tool calls, no nulls) is passed
+    through as is, not copied: the common case costs a few lookups.
+    """
     if not isinstance(value, list) or not value:
         raise PromptError(f"{where} must be a non-empty list")
-    return [message(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    out = []
+    for i, item in enumerate(value):
+        if (
+            type(item) is dict
+            and type(item.get("content")) is str
+            and type(item.get("role")) is str
+            and "tool_calls" not in item
+            and None not in item.values()
+        ):
+            out.append(item)
+        else:
+            out.append(message(item, f"{where}[{i}]"))
+    return out
 
 
 def tools(value: Any, where: str = "tools") -> list[dict[str, Any]] | None:

@@ -26,6 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
 from proxy.prompt.errors import PromptError, TemplateRenderError
+from proxy.prompt.fast import Unsupported, fast_renderer
 
 
 class TemplateRaised(jinja2.TemplateError):
@@ -140,10 +141,20 @@ class ChatTemplate:
     """One compiled chat template with its special tokens; compile once, render many times.
 
     ``render`` takes messages in the proxy's canonical form (see ``proxy.prompt.messages``):
-    content is a string or a list of ``{"type": "text", "text": ...}`` parts.
+    content is a string or a list of ``{"type": "text", "text": ...}`` parts. ``fast`` is
+    the template's fast renderer (``proxy.prompt.fast``) when its source is a built-in that
+    has one: requests render through it, and through Jinja whatever it steps aside from.
     """
 
-    __slots__ = ("_template", "accepts_content_parts", "bos_token", "eos_token", "name", "source")
+    __slots__ = (
+        "_template",
+        "accepts_content_parts",
+        "bos_token",
+        "eos_token",
+        "fast",
+        "name",
+        "source",
+    )
 
     def __init__(self, name: str, source: str, bos_token: str = "", eos_token: str = "") -> None:
         try:
@@ -155,6 +166,7 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.accepts_content_parts = _LOOPS_OVER_CONTENT.search(source) is not None
+        self.fast = fast_renderer(source)
 
     def render(
         self,
@@ -168,8 +180,12 @@ class ChatTemplate:
 
         Raises ``TemplateRenderError`` whatever goes wrong inside the template.
         """
-        if not self.accepts_content_parts:
-            messages = _flatten_parts(messages)
+        if self.fast is not None:
+            variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
+            try:
+                return self.fast(messages, tools, add_generation_prompt, today, **variables)
+            except Unsupported:
+                pass
         context = {
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
@@ -180,6 +196,8 @@ class ChatTemplate:
             "strftime_now": _DayClock(today or date.today()),
         }
         try:
+            if not self.accepts_content_parts:
+                context["messages"] = _flatten_parts(messages)
             return self._template.render(context)
         except Exception as exc:
             raise TemplateRenderError(f"chat template {self.name!r} failed: {exc}") from exc
