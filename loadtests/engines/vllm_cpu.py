@@ -80,6 +80,7 @@ def ensure_tiny_hf_model() -> Path:
             staged = Path(tempfile.mkdtemp(dir=engine_dir(), prefix="model-"))
             env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
             _run([str(python), "-m", "loadtests.engines.tiny_hf_model", str(staged)], env)
+            staged.chmod(0o755)
             staged.replace(model)
     return model
 
