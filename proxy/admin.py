@@ -85,6 +85,7 @@ class AdminApi:
             {
                 "policy": self.proxy.runtime.policy.name,
                 "backends": backend_status(self.proxy, self.proxy.clock()),
+                "cluster": self.proxy.cluster.status(),
             }
         )
 

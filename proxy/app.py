@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import os
@@ -28,6 +29,7 @@ from proxy.admin import admin_routes
 from proxy.backends.discovery import from_config as discovery_from_config
 from proxy.backends.monitor import BackendMonitor
 from proxy.backends.pool import Backend, BackendPool
+from proxy.cluster.sync import ClusterSync, default_node_id
 from proxy.config import Config, ConfigError, LoadedConfig, load_config
 from proxy.errors import ProxyError, error_response
 from proxy.forward import HOP_BY_HOP, Forwarder, ForwardResult
@@ -42,7 +44,7 @@ from proxy.prompt import (
 from proxy.requests import ENDPOINTS, ParsedRequest, parse_request, read_body
 from proxy.routing.index import PrefixIndex
 from proxy.routing.policy import Policy
-from proxy.routing.views import Decision, RequestView
+from proxy.routing.views import BackendView, Decision, RequestView
 from proxy.telemetry.access_log import AccessLog
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracing import Tracing
@@ -105,6 +107,13 @@ class ProxyApp:
         self.metrics.watch(self.pool, self.index, clock)
         self.access_log = AccessLog(enabled=cfg.telemetry.access_log)
         self.tracing = Tracing.from_config(cfg.telemetry.tracing)
+        self.cluster = ClusterSync(
+            dataclasses.replace(cfg.cluster, redis_url=cfg.cluster_redis_url()),
+            self.index,
+            self.metrics,
+            default_node_id(),
+            inflight=lambda: {b.url: b.inflight for b in self.pool},
+        )
         self.decisions: deque[tuple[str, str, int, Decision]] = deque(
             maxlen=cfg.telemetry.recent_decisions
         )
@@ -159,8 +168,10 @@ class ProxyApp:
         self._reaper_task = asyncio.create_task(self._reap_leaving())
         if self.loaded.source:
             self._watch_task = asyncio.create_task(self._watch_config_file())
+        await self.cluster.start()
 
     async def _on_cleanup(self, app: web.Application) -> None:
+        await self.cluster.stop()
         for task in (self._watch_task, self._discovery_task, self._reaper_task):
             if task is not None:
                 task.cancel()
@@ -290,7 +301,7 @@ class ProxyApp:
             parsed = self._parse(endpoint, raw, request.method)
             model = parsed.model if parsed else ""
             view = self._request_view(rt, request, parsed)
-            decision = rt.policy.decide(view, self.pool.views(view.now), self.index)
+            decision = rt.policy.decide(view, self._views(view.now), self.index)
             self.metrics.routing_seconds.observe(time.perf_counter() - route_start)
             self.metrics.decisions.labels(rt.policy.name, decision.reason).inc()
             result.trace.set_decision(model, rt.policy.name, decision, len(view.block_hashes))
@@ -319,6 +330,11 @@ class ProxyApp:
         finally:
             self._record(rid, endpoint, model, started, status, result, view, decision)
             result.trace.end(status, result)
+
+    def _views(self, now: float) -> list[BackendView]:
+        if not self.runtime.config.cluster.share_inflight:
+            return self.pool.views(now)
+        return self.pool.views(now, self.cluster.remote_inflight)
 
     def _parse(self, endpoint: str, raw: bytes, method: str) -> ParsedRequest | None:
         if endpoint == "other" and (method in ("GET", "HEAD", "DELETE") or not raw):
@@ -397,6 +413,7 @@ class ProxyApp:
         if view.block_hashes:
             matched = decision.matched_blocks.get(backend.url, 0)
             self.index.insert(backend.url, view.block_hashes)
+            self.cluster.publish(backend.url, view.block_hashes)
             self.metrics.match_ratio.observe(matched / len(view.block_hashes))
             backend.predicted_hit_tokens += min(view.prompt_tokens, matched * view.block_tokens)
             backend.predicted_prompt_tokens += view.prompt_tokens

@@ -103,7 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if workers == 1:
         uvloop.run(serve(loaded))
         return 0
-    return _run_workers(loaded, workers)
+    return _run_workers(loaded, workers, args.log_level.upper())
 
 
 async def serve(loaded: LoadedConfig, reuse_port: bool = False) -> None:
@@ -152,17 +152,19 @@ def _reload_quietly(proxy: ProxyApp) -> None:
         proxy.reload()
 
 
-def _worker(loaded: LoadedConfig) -> None:
+def _worker(loaded: LoadedConfig, log_level: str) -> None:
     logging.basicConfig(
-        level="INFO", format=f"%(asctime)s %(levelname)s [{os.getpid()}] %(message)s"
+        level=log_level, format=f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s %(message)s"
     )
     uvloop.run(serve(loaded, reuse_port=True))
 
 
-def _run_workers(loaded: LoadedConfig, workers: int) -> int:
+def _run_workers(loaded: LoadedConfig, workers: int, log_level: str) -> int:
     """N processes on one port (SO_REUSEPORT); signals are passed on to each."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(loaded,), daemon=False) for _ in range(workers)]
+    procs = [
+        ctx.Process(target=_worker, args=(loaded, log_level), daemon=False) for _ in range(workers)
+    ]
     for p in procs:
         p.start()
 

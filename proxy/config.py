@@ -205,6 +205,11 @@ class Config:
             keys.update(k.strip() for k in os.environ[self.auth.api_keys_env].split(",") if k)
         return frozenset(keys)
 
+    def cluster_redis_url(self) -> str | None:
+        """The Redis URL, from the environment variable named by redis_url_env if set."""
+        c = self.cluster
+        return (os.environ.get(c.redis_url_env) if c.redis_url_env else None) or c.redis_url
+
     def upstream_token(self) -> str | None:
         u = self.upstream
         return u.token or (os.environ.get(u.token_env) if u.token_env else None)

@@ -9,7 +9,7 @@ discovery (add, drain, remove). Routing never sees this mutable state, only the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from proxy.backends.load import LoadSnapshot
@@ -120,7 +120,10 @@ class BackendPool:
         """Draining backends with nothing in flight: safe to remove."""
         return [b.url for b in self._backends.values() if b.draining and b.inflight == 0]
 
-    def views(self, now: float) -> list[BackendView]:
+    def views(
+        self, now: float, remote_inflight: Callable[[str], int] | None = None
+    ) -> list[BackendView]:
+        """Frozen pictures for routing; ``remote_inflight`` adds other proxies' counts."""
         stale_after = self.scrape.stale_after_s
         return [
             BackendView(
@@ -129,7 +132,7 @@ class BackendPool:
                 draining=b.draining,
                 circuit_open=b.circuit_open,
                 models=b.models,
-                inflight=b.inflight,
+                inflight=b.inflight + (remote_inflight(b.url) if remote_inflight else 0),
                 load=b.load,
                 load_stale=b.load_stale(now, stale_after),
                 inflight_at_scrape=b.inflight_at_scrape,

@@ -126,7 +126,7 @@ class ProxyMetrics:
         )
         self.cluster_events = Counter(
             "prefix_proxy_cluster_sync_events",
-            "Cluster sync events by direction (sent, received, dropped).",
+            "Cluster sync events: sent, received, dropped (buffer full), invalid, rejected.",
             ["direction"],
             registry=r,
         )
