@@ -72,7 +72,7 @@ class Row:
 
 async def measure(
     name: str,
-    url: str,
+    url: str | list[str],
     fleet: SimFleet,
     spec: WorkloadSpec,
     *,
@@ -80,7 +80,8 @@ async def measure(
     deadline_s: float = 120.0,
     on_progress: Callable[[int, int, RequestResult], None] | None = None,
 ) -> Row:
-    """Reset the fleet, replay ``spec`` through ``url``, and read back what the replicas did."""
+    """Reset the fleet, replay ``spec`` through ``url`` (or spread over several), and read
+    back what the replicas did."""
     await fleet.reset()
     result = await run_workload(
         url, spec, model=model, on_progress=on_progress, deadline_s=deadline_s

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import orjson
 
-from loadtests.fleet import free_port, wait_http_ok_sync
 from loadtests.peers import SglangRouter, sglang_router_available
-from loadtests.proxy_process import REPO, ProxyProcess
+from loadtests.proxy_process import ProxyProcess
+from loadtests.zero_backend import ZeroBackend
 
 CHUNKS = 64
 PROMPT = "Summarise the incident report in two sentences. " * 40  # ~500 tokens
@@ -138,24 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         print("wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)
         return 2
-    port = free_port()
-    backend = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "loadtests.zero_backend",
-            "--port",
-            str(port),
-            "--chunks",
-            str(CHUNKS),
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
     runs: list[Run] = []
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http_ok_sync(url + "/health", 15.0)
+    with ZeroBackend(CHUNKS) as url:
         runs += measure("direct", url, None, args)
         with ProxyProcess(
             [url], policy="default", config={"telemetry": {"debug_header": False}}
@@ -164,9 +148,6 @@ def main(argv: list[str] | None = None) -> int:
             runs += measure("prefix-proxy", proxy.url, proxy.proc.pid, args)
         if args.peers and sglang_router_available():
             runs += asyncio.run(_peer(url, args))
-    finally:
-        backend.terminate()
-        backend.wait()
     print(
         f"\nzero-latency backend, {CHUNKS} SSE chunks per stream, ~500-token prompt, "
         f"{os.cpu_count()} CPUs, wrk {args.seconds:.0f} s per cell"

@@ -18,7 +18,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,7 +276,7 @@ ProgressFn = Callable[[int, int, RequestResult], None]
 
 
 async def run_workload(
-    base_url: str,
+    base_url: str | Sequence[str],
     spec: WorkloadSpec,
     *,
     model: str,
@@ -285,9 +285,10 @@ async def run_workload(
     deadline_s: float = 60.0,
     request_timeout_s: float = 30.0,
 ) -> WorkloadResult:
-    """Replay ``spec`` against ``base_url`` (a proxy or one engine) with ``concurrency``
-    sessions in flight. Each turn waits for the previous answer and appends its real text.
-    No request starts after ``deadline_s``, and none runs past it.
+    """Replay ``spec`` against ``base_url`` (a proxy or one engine; given several, each
+    request goes to one picked at random) with ``concurrency`` sessions in flight. Each turn
+    waits for the previous answer and appends its real text. No request starts after
+    ``deadline_s``, and none runs past it.
     """
     plan = build_plan(spec)
     result = WorkloadResult(planned=plan.requests)
@@ -296,7 +297,11 @@ async def run_workload(
     async with aiohttp.ClientSession(connector=connector) as http:
         driver = _Driver(
             http=http,
-            url=base_url.rstrip("/") + "/v1/chat/completions",
+            urls=[
+                u.rstrip("/") + "/v1/chat/completions"
+                for u in ([base_url] if isinstance(base_url, str) else base_url)
+            ],
+            pick=random.Random(spec.seed + 1),
             plan=plan,
             model=model,
             max_tokens=spec.max_tokens,
@@ -320,7 +325,8 @@ async def run_workload(
 @dataclass(slots=True)
 class _Driver:
     http: aiohttp.ClientSession
-    url: str
+    urls: list[str]
+    pick: random.Random
     plan: WorkloadPlan
     model: str
     max_tokens: int
@@ -385,7 +391,10 @@ class _Driver:
         )
         try:
             async with self.http.post(
-                self.url, data=orjson.dumps(body), headers=headers, timeout=timeout
+                self.pick.choice(self.urls),
+                data=orjson.dumps(body),
+                headers=headers,
+                timeout=timeout,
             ) as resp:
                 record.status = resp.status
                 if resp.status != 200:

@@ -10,11 +10,17 @@ routers probe: /health, /v1/models, /metrics (vLLM names), /server_info, /model_
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import orjson
 import uvloop
 from aiohttp import web
+
+from loadtests.fleet import free_port, wait_http_ok_sync
 
 MODEL = "zero-model"
 Handler = Callable[[web.Request], Awaitable[web.Response]]
@@ -71,6 +77,36 @@ def build_app(chunks: int) -> web.Application:
     for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
         app.router.add_get(path, fixed(info))
     return app
+
+
+class ZeroBackend:
+    """``with ZeroBackend(chunks=64) as url:`` runs one in its own process on a free port."""
+
+    def __init__(self, chunks: int = 64) -> None:
+        self.chunks = chunks
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> str:
+        repo = Path(__file__).resolve().parent.parent
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loadtests.zero_backend", "--port", str(self.port),
+             "--chunks", str(self.chunks)],
+            cwd=repo,
+            env={**os.environ, "PYTHONPATH": str(repo)},
+        )  # fmt: skip
+        try:
+            wait_http_ok_sync(self.url + "/health", 15.0, alive=lambda: self.proc.poll() is None)
+        except (TimeoutError, RuntimeError):
+            self.__exit__()
+            raise
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
 
 
 def main() -> None:
