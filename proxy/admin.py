@@ -86,6 +86,10 @@ class AdminApi:
                 "policy": self.proxy.runtime.policy.name,
                 "backends": backend_status(self.proxy, self.proxy.clock()),
                 "cluster": self.proxy.cluster.status(),
+                "chat_templates": {
+                    m: self.proxy.runtime.templates.template_for(m).name
+                    for m in sorted({m for b in self.proxy.pool for m in b.models})
+                },
             }
         )
 
