@@ -362,13 +362,14 @@ class _Driver:
             headers = {"Content-Type": "application/json", "X-Request-ID": f"{session.id}-{index}"}
             if not session.one_shot:
                 headers["X-Session-ID"] = session.id
-            body = {
+            body: dict[str, Any] = {
                 "model": self.model,
                 "messages": messages,
-                "tools": list(agent.tools),
                 "max_tokens": self.max_tokens,
                 "stream": self.stream,
             }
+            if agent.tools:  # engines reject an empty tools list
+                body["tools"] = list(agent.tools)
             if self.stream:
                 body["stream_options"] = {"include_usage": True}
             record = RequestResult(session.id, index, session.one_shot, 0.0, 0.0)
