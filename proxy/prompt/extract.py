@@ -51,18 +51,22 @@ def routing_text(
         model = ""
     elif not isinstance(model, str):
         raise PromptError("model must be a string")
-    kwargs: dict[str, Any] = {}
     if endpoint == "chat":
-        conversation = chat.messages(body.get("messages"))
-        tools = chat.tools(body.get("tools"))
-        kwargs = chat.template_kwargs(body.get("chat_template_kwargs"))
-    elif endpoint == "responses":
+        messages = body.get("messages")
+        try:
+            tools = chat.tools(body.get("tools"))
+            kwargs = chat.template_kwargs(body.get("chat_template_kwargs"))
+        except PromptError:
+            chat.messages(messages)  # a malformed message is the error to report first
+            raise
+        return registry.render_chat(model, messages, tools, today, kwargs)
+    if endpoint == "responses":
         conversation = _responses_messages(body)
         tools = _converted_tools(body.get("tools"), "parameters")
     else:
         conversation = _anthropic_messages(body)
         tools = _converted_tools(body.get("tools"), "input_schema")
-    return registry.render_conversation(model, conversation, tools, today, kwargs)
+    return registry.render_conversation(model, conversation, tools, today)
 
 
 def _completion_text(prompt: Any) -> str:

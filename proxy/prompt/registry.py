@@ -17,6 +17,7 @@ from datetime import date
 from functools import cache
 from typing import Any
 
+from proxy.prompt import messages as chat
 from proxy.prompt.errors import PromptError, TemplateRenderError
 from proxy.prompt.render import ChatTemplate
 from proxy.prompt.sources import LoadedTemplate, TemplateSource, load_source
@@ -117,6 +118,25 @@ class TemplateRegistry:
                 raise
             self._count_error(template, exc)
         return self.fallback.render(messages, tools, False, today)
+
+    def render_chat(
+        self,
+        model: str,
+        messages: Any,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        today: date | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """``render_conversation`` for a chat request's messages as sent: a fast renderer
+        reads them as they are; otherwise they are normalized (``PromptError`` for a
+        malformed one) and rendered as usual."""
+        template = self.template_for(model)
+        text = template.try_render_request(messages, tools, False, today, **(template_kwargs or {}))
+        if text is not None:
+            return text
+        return self.render_conversation(
+            model, chat.messages(messages), tools, today, template_kwargs
+        )
 
     def _count_error(self, template: ChatTemplate, exc: TemplateRenderError) -> None:
         count = self.template_errors.get(template.name, 0)

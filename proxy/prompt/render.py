@@ -183,7 +183,7 @@ class ChatTemplate:
         if self.fast is not None:
             variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
             try:
-                return self.fast(messages, tools, add_generation_prompt, today, **variables)
+                return self.fast.render(messages, tools, add_generation_prompt, today, **variables)
             except Unsupported:
                 pass
         context = {
@@ -201,6 +201,27 @@ class ChatTemplate:
             return self._template.render(context)
         except Exception as exc:
             raise TemplateRenderError(f"chat template {self.name!r} failed: {exc}") from exc
+
+    def try_render_request(
+        self,
+        messages: Any,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        today: date | None = None,
+        **kwargs: Any,
+    ) -> str | None:
+        """What ``render`` returns for a chat request's messages once normalized, straight
+        from the messages as sent (no normalized copies), or None where this template has
+        no fast renderer or it steps aside: then normalize and ``render``."""
+        if self.fast is None:
+            return None
+        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
+        try:
+            return self.fast.render_request(
+                messages, tools, add_generation_prompt, today, **variables
+            )
+        except Unsupported:
+            return None
 
     def __repr__(self) -> str:
         return f"ChatTemplate({self.name!r})"

@@ -22,11 +22,11 @@ from tests.unit.test_prompt_templates import MODELS, TOOLS, agent_turns, chat_tu
 ENGINES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "engines"
 DAY = date(2025, 3, 4)
 RENDERERS = {
-    "chatml": chatml.render,
-    "qwen2_5": qwen2_5.render,
-    "qwen3": qwen3.render,
-    "llama3": llama3.render_3_1,
-    "llama3_2": llama3.render_3_2,
+    "chatml": chatml.RENDERER,
+    "qwen2_5": qwen2_5.RENDERER,
+    "qwen3": qwen3.RENDERER,
+    "llama3": llama3.RENDERER_3_1,
+    "llama3_2": llama3.RENDERER_3_2,
 }
 
 
@@ -62,7 +62,7 @@ def test_same_compiled_text_gets_the_fast_renderer_and_an_edit_does_not() -> Non
     source = builtin_templates()["qwen2_5"].source
     assert source.endswith("\n")
     for variant in (source[:-1], source.replace("\n", "\r\n"), source.replace("\n", "\r")):
-        assert fast_renderer(variant) is qwen2_5.render
+        assert fast_renderer(variant) is qwen2_5.RENDERER
     for edited in (source + "\n", source.replace("Alibaba", "alibaba"), " " + source):
         assert fast_renderer(edited) is None
 
@@ -73,7 +73,7 @@ def test_the_template_llama_cpp_reports_gets_the_chatml_renderer() -> None:
     props = json.loads(raw[: raw.rindex("}") + 1])
     registry = TemplateRegistry(PromptConfig())
     registry.set_backend_template("tiny", props["chat_template"], props["bos_token"])
-    assert registry.template_for("tiny").fast is chatml.render
+    assert registry.template_for("tiny").fast is chatml.RENDERER
 
 
 # Every name each template reads from its context (besides messages, tools and
@@ -159,15 +159,18 @@ def test_long_agent_conversations_render_byte_identically(name: str, generation:
     fast = builtin(name)
     loaded = builtin_templates()[name]
     variables = {"bos_token": loaded.bos_token, "eos_token": loaded.eos_token}
-    text = fast.fast(messages, TOOLS, generation, DAY, **variables)  # no step aside
+    text = fast.fast.render(messages, TOOLS, generation, DAY, **variables)  # no step aside
     assert text == jinja_only(name).render(messages, TOOLS, generation, DAY)
     assert fast.render(messages, TOOLS, generation, DAY) == text
+    raw = long_agent_conversation(300)
+    assert fast.fast.render_request(raw, TOOLS, generation, DAY, **variables) == text
 
 
 @pytest.mark.parametrize("name", RENDERERS)
 def test_prefix_stability_holds_on_the_fast_path(name: str) -> None:
     """The existing prefix-stability conversations, rendered by the fast renderer itself
-    (so none of them quietly went through Jinja): same keys as Jinja, each turn's key a
+    (so none of them quietly went through Jinja), from the requests as sent and from their
+    normalized messages: same keys as Jinja, each turn's key a
     prefix of the next one's (Qwen3 drops earlier reasoning once the user speaks again,
     as the engine does: that turn is checked in test_prompt_templates)."""
     fast = builtin(name)
@@ -183,7 +186,8 @@ def test_prefix_stability_holds_on_the_fast_path(name: str) -> None:
         keys = []
         for turn in turns:
             messages = canonical_messages(turn)
-            key = fast.fast(messages, tools, False, DAY, **variables)
+            key = fast.fast.render_request(turn, tools, False, DAY, **variables)
+            assert key == fast.fast.render(messages, tools, False, DAY, **variables)
             assert key == jinja_only(name).render(messages, tools, False, DAY)
             keys.append(key)
         for i, (before, after) in enumerate(pairwise(keys)):

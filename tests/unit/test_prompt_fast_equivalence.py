@@ -16,12 +16,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from proxy.prompt import ChatTemplate, TemplateRenderError
+from proxy.prompt import (
+    ChatTemplate,
+    PromptConfig,
+    PromptError,
+    TemplateRegistry,
+    TemplateRenderError,
+    routing_text,
+)
 from proxy.prompt.fast import Unsupported, fast_renderer
 from proxy.prompt.messages import message as canonical_message
 from proxy.prompt.messages import messages as canonical_messages
 from proxy.prompt.messages import tools as canonical_tools
 from proxy.prompt.templates import builtin_templates
+from tests.unit.test_prompt_templates import MODELS
 
 FAMILIES = ("chatml", "qwen2_5", "qwen3", "llama3", "llama3_2")
 LLAMA = ("llama3", "llama3_2")
@@ -89,12 +97,20 @@ def reference(
 
 
 def fast(
-    name: str, messages: Any, tools: Any, generation: bool, today: date, kwargs: dict[str, Any]
+    name: str,
+    messages: Any,
+    tools: Any,
+    generation: Any,
+    today: date,
+    kwargs: dict[str, Any],
+    request: bool = False,
 ) -> str | None:
-    """The fast renderer's text, or None where it steps aside."""
+    """The fast renderer's text (from canonical messages, or from messages as a request
+    sent them), or None where it steps aside."""
     loaded = builtin_templates()[name]
-    render = fast_renderer(loaded.source)
-    assert render is not None
+    renderer = fast_renderer(loaded.source)
+    assert renderer is not None
+    render = renderer.render_request if request else renderer.render
     variables = {"bos_token": loaded.bos_token, "eos_token": loaded.eos_token, **kwargs}
     try:
         return render(messages, tools, generation, today, **variables)
@@ -106,11 +122,13 @@ def check(
     name: str,
     messages: Any,
     tools: Any,
-    generation: bool,
+    generation: Any,
     today: date,
     kwargs: dict[str, Any],
     must_render: bool,
 ) -> None:
+    """Canonical messages (what ChatTemplate.render takes): the fast text is the Jinja
+    text, and ChatTemplate.render gives the Jinja text or fails where Jinja fails."""
     expected = reference(name, messages, tools, generation, today, kwargs)
     got = fast(name, messages, tools, generation, today, kwargs)
     if must_render:
@@ -123,6 +141,29 @@ def check(
             template.render(messages, tools, generation, today, **kwargs)
     else:
         assert template.render(messages, tools, generation, today, **kwargs) == expected
+
+
+def check_request(
+    name: str,
+    raw: Any,
+    tools: Any,
+    generation: Any,
+    today: date,
+    kwargs: dict[str, Any],
+    must_render: bool,
+) -> None:
+    """Messages as a request sent them: the fast text is the Jinja text of the normalized
+    messages; where normalization rejects them, the fast renderer steps aside."""
+    got = fast(name, raw, tools, generation, today, kwargs, request=True)
+    try:
+        messages = canonical_messages(raw)
+    except PromptError:
+        assert got is None, "the fast renderer took messages normalization rejects"
+        return
+    if must_render:
+        assert got is not None, "the fast renderer stepped aside from a common request"
+    if got is not None:
+        assert got == reference(name, messages, tools, generation, today, kwargs)
 
 
 # --- what conversations are made of ---------------------------------------------------------
@@ -170,10 +211,15 @@ ARGUMENTS = st.one_of(
     st.sampled_from(["{not json", "", '"a json string"', "[1, 2]", "42", "null"]),
     JSON,
 )
-CONTENT = st.one_of(
-    TEXT,
-    st.lists(st.builds(lambda t: {"type": "text", "text": t}, TEXT), min_size=1, max_size=3),
+PART = st.one_of(
+    st.builds(lambda t: {"type": "text", "text": t}, TEXT),
+    st.builds(
+        lambda k, t: {"type": k, "text": t}, st.sampled_from(["input_text", "output_text"]), TEXT
+    ),
+    st.builds(lambda t: {"type": "refusal", "refusal": t}, TEXT),
+    st.just({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}),
 )
+CONTENT = TEXT | st.lists(PART, min_size=1, max_size=3)
 TOOL = st.builds(
     lambda name, description, schema: {
         "type": "function",
@@ -274,7 +320,7 @@ def odd_message(draw: st.DrawFn) -> Any:
         if draw(st.booleans()):
             del message["content"]
     elif change == "calls":
-        message["tool_calls"] = draw(st.none() | st.just([]) | JSON)
+        message["tool_calls"] = draw(st.sampled_from([None, [], {}, "", 0, False]) | JSON)
     elif change == "call":
         message["role"] = draw(st.sampled_from(["assistant", "assistant", "tool", "user"]))
         message["tool_calls"] = draw(st.lists(ODD_CALL, min_size=1, max_size=2))
@@ -351,9 +397,15 @@ def test_agent_conversations_render_exactly_and_never_step_aside(
     family; only the Llama templates refuse (raise on) several calls in one message."""
     messages = canonical_messages(raw)
     tools = canonical_tools(tools)
+    registry = TemplateRegistry(PromptConfig())
     for name in FAMILIES:
         must_render = not (name in LLAMA and multiple_calls(messages))
         check(name, messages, tools, generation, today, kwargs, must_render)
+        check_request(name, raw, tools, generation, today, kwargs, must_render)
+        if must_render:
+            body = {"model": MODELS[name], "messages": raw, "chat_template_kwargs": kwargs}
+            key = routing_text("chat", {**body, "tools": tools}, registry, today)
+            assert key == reference(name, messages, tools, False, today, kwargs)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -375,13 +427,14 @@ def test_odd_tool_calls_render_exactly_or_step_aside(
 ) -> None:
     """Tool calls without the function wrapper, with an empty or null one, without
     arguments, with a name that is not a string, at the end of a valid conversation."""
-    messages = [
-        *canonical_messages(raw),
-        {**turn, "content": turn["content"] or "", "tool_calls": calls},
-    ]
-    messages.extend({"role": "tool", "content": f"result {i}"} for i in range(results))
+    day = date(2025, 3, 4)
+    results_turn = [{"role": "tool", "content": f"result {i}"} for i in range(results)]
+    odd = {**turn, "tool_calls": calls}
+    messages = [*canonical_messages(raw), {**odd, "content": odd["content"] or ""}, *results_turn]
+    sent = [*raw, odd, *results_turn]
     for name in FAMILIES:
-        check(name, messages, tools, generation, date(2025, 3, 4), {}, must_render=False)
+        check(name, messages, tools, generation, day, {}, must_render=False)
+        check_request(name, sent, tools, generation, day, {}, must_render=False)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -395,9 +448,11 @@ def test_odd_tool_calls_render_exactly_or_step_aside(
 def test_odd_messages_render_exactly_or_step_aside(
     messages: Any, tools: Any, generation: bool, today: date, kwargs: Any
 ) -> None:
-    """Anything a caller might hand ``ChatTemplate.render``: same text or same failure."""
+    """Anything a caller might hand ``ChatTemplate.render`` or a client might send: same
+    text or same failure."""
     for name in FAMILIES:
         check(name, messages, tools, generation, today, kwargs, must_render=False)
+        check_request(name, messages, tools, generation, today, kwargs, must_render=False)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -416,6 +471,7 @@ def test_odd_variables_render_exactly_or_step_aside(
     messages = canonical_messages(raw)
     for name in FAMILIES:
         check(name, messages, tools, generation, today, kwargs, must_render=False)
+        check_request(name, raw, tools, generation, today, kwargs, must_render=False)
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,4 +1,5 @@
-"""What the fast renderers share: the step-aside signal, content as the template sees it,
+"""What the fast renderers share: the step-aside signal, the renderer pair, message fields
+as templates see them (from canonical messages, or from messages as a request sent them),
 and Hugging Face's ``tojson`` (``json.dumps(value, ensure_ascii=False)``) without its
 per-call setup."""
 
@@ -6,14 +7,32 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date
 from json.encoder import c_make_encoder, encode_basestring
 from typing import Any
 
-FastRenderer = Callable[..., str]
-"""``render(messages, tools, add_generation_prompt, today, **kwargs) -> str``: the text the
-Jinja template renders from the same arguments (``kwargs`` are the template's other
-variables: ``bos_token``, ``eos_token`` and the request's ``chat_template_kwargs``)."""
+from proxy.prompt.errors import PromptError
+from proxy.prompt.messages import parse_arguments, part_text
+
+Render = Callable[..., str]
+"""``(messages, tools, add_generation_prompt, today, **variables) -> str``; the variables are
+the template's others: ``bos_token``, ``eos_token`` and ``chat_template_kwargs``."""
+
+
+@dataclass(frozen=True, slots=True)
+class FastRenderer:
+    """One built-in template's fast renderer, in two forms that give the same text.
+
+    ``render`` takes what ``ChatTemplate.render`` takes (canonical messages, see
+    ``proxy.prompt.messages``) and returns what the Jinja template renders from them.
+    ``render_request`` takes a chat request's messages as sent and returns what ``render``
+    returns once they are normalized, without building the normalized copies; it steps aside
+    from whatever normalization would reject, so that normalization reports it.
+    """
+
+    render: Render
+    render_request: Render
 
 
 class Unsupported(Exception):
@@ -21,8 +40,8 @@ class Unsupported(Exception):
 
 
 def text(content: Any) -> str:
-    """Message content as the template gets it: a string, or text parts joined by newlines
-    (what ``ChatTemplate`` does for templates that expect strings)."""
+    """Canonical content as the template gets it: a string, or text parts joined by
+    newlines (what ``ChatTemplate`` does for templates that expect strings)."""
     if type(content) is str:
         return content
     if type(content) is list:
@@ -31,6 +50,46 @@ def text(content: Any) -> str:
         except (KeyError, TypeError) as exc:
             raise Unsupported from exc
     raise Unsupported
+
+
+def request_text(content: Any) -> str:
+    """Request content as the template gets it once normalized: null is "", parts are
+    joined by newlines as their text, refusal or placeholder (normalization's own
+    ``part_text``)."""
+    if type(content) is str:
+        return content
+    if content is None:
+        return ""
+    if type(content) is not list:
+        raise Unsupported
+    try:
+        return "\n".join([part_text(part, "content") for part in content])
+    except PromptError as exc:
+        raise Unsupported from exc
+
+
+def check_request_calls(calls: Any) -> bool:
+    """Whether a request message makes tool calls: null and [] are none (normalization drops
+    them); anything but a list is left to normalization to reject."""
+    if calls is None:
+        return False
+    if type(calls) is not list:
+        raise Unsupported
+    return bool(calls)
+
+
+def validate_request_calls(calls: list[Any]) -> None:
+    """Tool calls the template ignores, checked as normalization checks them."""
+    for call in calls:
+        request_function(call)
+
+
+def request_function(call: Any) -> dict[str, Any]:
+    """A request tool call's function, with a string name, as normalization requires."""
+    function = call.get("function") if type(call) is dict else None
+    if type(function) is not dict or type(function.get("name")) is not str:
+        raise Unsupported
+    return function
 
 
 def _compact_encoder() -> Callable[[Any], str]:
@@ -66,10 +125,33 @@ def tojson(value: Any) -> str:
         raise Unsupported from exc
 
 
-# ``tojson(indent=4)`` runs json's pure-Python encoder (slow), on the same tool list every
+class TextMemo:
+    """A str -> value memo for work that agents repeat every turn (they resend the whole
+    conversation); it forgets everything once its keys hold ``limit`` characters."""
+
+    __slots__ = ("_chars", "_items", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._chars = 0
+        self._items: dict[str, Any] = {}
+
+    def get(self, key: str) -> Any:
+        return self._items.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        if len(key) > self.limit // 64:
+            return
+        self._chars += len(key)
+        if self._chars > self.limit:
+            self._items.clear()
+            self._chars = len(key)
+        self._items[key] = value
+
+
+# tojson(indent=4) runs json's pure-Python encoder (slow), on the same tool list every
 # request: its text is kept by the compact encoding, which determines it.
-_INDENTED_LIMIT = 512
-_indented: dict[str, str] = {}
+_indented = TextMemo(1 << 20)
 
 
 def tojson_indent4(value: Any) -> str:
@@ -81,10 +163,38 @@ def tojson_indent4(value: Any) -> str:
             out = json.dumps(value, ensure_ascii=False, indent=4)
         except (TypeError, ValueError, RecursionError) as exc:
             raise Unsupported from exc
-        if len(_indented) >= _INDENTED_LIMIT:
-            _indented.clear()
-        _indented[key] = out
+        _indented.put(key, out)
     return out
+
+
+# A request's arguments text -> (tojson of the parsed value, the parsed value if a string).
+_arguments = TextMemo(1 << 21)
+
+
+def _parsed_arguments(raw: Any) -> tuple[str, str | None]:
+    if type(raw) is not str:
+        if isinstance(raw, str):
+            raise Unsupported
+        return tojson(parse_arguments(raw)), None
+    entry = _arguments.get(raw)
+    if entry is None:
+        parsed = parse_arguments(raw)
+        entry = (tojson(parsed), parsed if type(parsed) is str else None)
+        _arguments.put(raw, entry)
+    return entry
+
+
+def arguments_json(raw: Any) -> str:
+    """``arguments | tojson`` for a request's raw arguments, parsed as normalization
+    parses them (JSON text parsed when it parses, null as {})."""
+    return _parsed_arguments(raw)[0]
+
+
+def arguments_text(raw: Any) -> str:
+    """What ``{% if arguments is string %}{{ arguments }}{% else %}{{ arguments | tojson
+    }}{% endif %}`` prints for a request's raw arguments, parsed as normalization does."""
+    as_json, as_string = _parsed_arguments(raw)
+    return as_json if as_string is None else as_string
 
 
 def day_string(today: date | None) -> str:

@@ -9,11 +9,22 @@ The two templates differ only in the default date (3.1: fixed, 3.2: the render's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import date
 from typing import Any
 
-from proxy.prompt.fast.common import Unsupported, day_string, text, tojson, tojson_indent4
+from proxy.prompt.fast.common import (
+    FastRenderer,
+    Unsupported,
+    arguments_json,
+    check_request_calls,
+    day_string,
+    request_function,
+    request_text,
+    text,
+    tojson,
+    tojson_indent4,
+    validate_request_calls,
+)
 
 _FORMAT = (
     'Respond in the format {"name": function name, "parameters": dictionary of argument name '
@@ -31,42 +42,68 @@ _USER_TOOLS = (
 
 
 def render_3_1(
-    messages: Sequence[Any],
-    tools: Any,
-    add_generation_prompt: Any,
-    today: date | None,
-    **kwargs: Any,
+    messages: Any, tools: Any, add_generation_prompt: Any, today: Any, **variables: Any
 ) -> str:
-    """Llama 3.1/3.3: the date line says 26 Jul 2024 unless ``date_string`` is given."""
-    if "builtin_tools" in kwargs:
-        raise Unsupported
-    day = kwargs.get("date_string", "26 Jul 2024")
-    return _render(messages, tools, add_generation_prompt, day, kwargs)
+    return _render_3_1(messages, tools, add_generation_prompt, variables, request=False)
+
+
+def render_3_1_request(
+    messages: Any, tools: Any, add_generation_prompt: Any, today: Any, **variables: Any
+) -> str:
+    return _render_3_1(messages, tools, add_generation_prompt, variables, request=True)
 
 
 def render_3_2(
-    messages: Sequence[Any],
+    messages: Any, tools: Any, add_generation_prompt: Any, today: Any, **variables: Any
+) -> str:
+    return _render_3_2(messages, tools, add_generation_prompt, today, variables, request=False)
+
+
+def render_3_2_request(
+    messages: Any, tools: Any, add_generation_prompt: Any, today: Any, **variables: Any
+) -> str:
+    return _render_3_2(messages, tools, add_generation_prompt, today, variables, request=True)
+
+
+RENDERER_3_1 = FastRenderer(render_3_1, render_3_1_request)
+RENDERER_3_2 = FastRenderer(render_3_2, render_3_2_request)
+
+
+def _render_3_1(
+    messages: Any, tools: Any, add_generation_prompt: Any, variables: dict[str, Any], request: bool
+) -> str:
+    """Llama 3.1/3.3: the date line says 26 Jul 2024 unless ``date_string`` is given."""
+    if "builtin_tools" in variables:
+        raise Unsupported
+    day = variables.get("date_string", "26 Jul 2024")
+    return _render(messages, tools, add_generation_prompt, day, variables, request)
+
+
+def _render_3_2(
+    messages: Any,
     tools: Any,
     add_generation_prompt: Any,
     today: date | None,
-    **kwargs: Any,
+    variables: dict[str, Any],
+    request: bool,
 ) -> str:
     """Llama 3.2: the date line shows the render's day unless ``date_string`` is given."""
-    day = kwargs["date_string"] if "date_string" in kwargs else day_string(today)
-    return _render(messages, tools, add_generation_prompt, day, kwargs)
+    day = variables["date_string"] if "date_string" in variables else day_string(today)
+    return _render(messages, tools, add_generation_prompt, day, variables, request)
 
 
 def _render(
-    messages: Sequence[Any],
+    messages: Any,
     tools: Any,
     add_generation_prompt: Any,
     day: Any,
-    kwargs: dict[str, Any],
+    variables: dict[str, Any],
+    request: bool,
 ) -> str:
-    bos = kwargs.get("bos_token", "")
-    in_user = kwargs.get("tools_in_user_message", True)
+    bos = variables.get("bos_token", "")
+    in_user = variables.get("tools_in_user_message", True)
     if (
-        "custom_tools" in kwargs
+        "custom_tools" in variables
         or type(bos) is not str
         or type(day) is not str
         or type(in_user) is not bool
@@ -75,10 +112,11 @@ def _render(
         or not messages
     ):
         raise Unsupported
+    read = request_text if request else text
     start = 0
     system = ""
-    if _message(messages[0]).get("role") == "system":
-        system = _content(messages[0]).strip()
+    if _message(messages[0], request).get("role") == "system":
+        system = _header_content(messages[0], read, request)
         start = 1
     out = [bos, "<|start_header_id|>system<|end_header_id|>\n\n"]
     if tools is not None:
@@ -91,20 +129,25 @@ def _render(
     if tools is not None and in_user:
         if start == len(messages):  # the template raises: no first user message
             raise Unsupported
+        first = _header_content(_message(messages[start], request), read, request)
         out.append(_USER_TOOLS)
         out.extend([tojson_indent4(tool) + "\n\n" for tool in tools])
-        out.append(_content(_message(messages[start])).strip() + "<|eot_id|>")
+        out.append(first + "<|eot_id|>")
         start += 1
     append = out.append
     for index in range(start, len(messages)):
-        message = _message(messages[index])
-        if "tool_calls" in message:
-            append(_tool_call(message["tool_calls"]))
-            continue
-        role = message.get("role")
+        message = _message(messages[index], request)
         content = message.get("content")
         if type(content) is not str:
-            content = text(content)
+            content = read(content)  # even if unread: ChatTemplate joins every message's parts
+        if request:
+            has_calls = check_request_calls(message.get("tool_calls"))
+        else:
+            has_calls = "tool_calls" in message
+        if has_calls:
+            append(_tool_call(message["tool_calls"], request))
+            continue
+        role = message.get("role")
         if role == "tool" or role == "ipython":
             append(f"<|start_header_id|>ipython<|end_header_id|>\n\n{tojson(content)}<|eot_id|>")
         elif type(role) is str:
@@ -116,27 +159,36 @@ def _render(
     return "".join(out)
 
 
-def _message(message: Any) -> dict[str, Any]:
-    if type(message) is not dict:
+def _message(message: Any, request: bool) -> dict[str, Any]:
+    """A message the template can read (from a request: one normalization accepts)."""
+    if type(message) is not dict or (request and type(message.get("role")) is not str):
         raise Unsupported
     return message
 
 
-def _content(message: dict[str, Any]) -> str:
-    return text(message.get("content"))
+def _header_content(message: dict[str, Any], read: Any, request: bool) -> str:
+    """The trimmed content of the system or first user message, which the template prints
+    in its header, ignoring any tool calls."""
+    if request and check_request_calls(message.get("tool_calls")):
+        validate_request_calls(message["tool_calls"])
+    return read(message.get("content")).strip()
 
 
-def _tool_call(calls: Any) -> str:
+def _tool_call(calls: Any, request: bool) -> str:
     """An assistant turn with its one tool call (the template raises on more or fewer)."""
-    if type(calls) is not list or len(calls) != 1 or type(calls[0]) is not dict:
+    if type(calls) is not list or len(calls) != 1:
         raise Unsupported
-    function = calls[0].get("function")
-    if type(function) is not dict or "arguments" not in function:
-        raise Unsupported
+    if request:
+        function = request_function(calls[0])
+        arguments = arguments_json(function.get("arguments"))
+    else:
+        function = calls[0].get("function") if type(calls[0]) is dict else None
+        if type(function) is not dict or "arguments" not in function:
+            raise Unsupported
+        arguments = tojson(function["arguments"])
     name = function.get("name")
     if type(name) is not str:
         raise Unsupported
-    arguments = tojson(function["arguments"])
     return (
         '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "'
         f'{name}", "parameters": {arguments}}}<|eot_id|>'

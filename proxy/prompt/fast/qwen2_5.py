@@ -1,14 +1,23 @@
 """Qwen2.5 (``builtin/qwen2_5.jinja``): ChatML with a default system prompt, the tool list
 as JSON lines in the system message, tool calls as ``<tool_call>`` JSON and consecutive
-tool results merged into one user turn of ``<tool_response>`` blocks."""
+tool results merged into one user turn of ``<tool_response>`` blocks. The template reads
+nothing but the messages, the tools and ``add_generation_prompt``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import date
 from typing import Any
 
-from proxy.prompt.fast.common import Unsupported, text, tojson
+from proxy.prompt.fast.common import (
+    FastRenderer,
+    Unsupported,
+    arguments_json,
+    check_request_calls,
+    request_function,
+    request_text,
+    text,
+    tojson,
+    validate_request_calls,
+)
 
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 TOOLS_HEAD = (
@@ -36,19 +45,26 @@ def checked_tools(tools: Any) -> list[Any]:
     return tools
 
 
-def render(
-    messages: Sequence[Any],
-    tools: Any,
-    add_generation_prompt: Any,
-    today: date | None,
-    **kwargs: Any,
+def render(messages: Any, tools: Any, add_generation_prompt: Any, today: Any, **_: Any) -> str:
+    return _render(messages, tools, add_generation_prompt, request=False)
+
+
+def render_request(
+    messages: Any, tools: Any, add_generation_prompt: Any, today: Any, **_: Any
 ) -> str:
-    """The template reads the messages, the tools and ``add_generation_prompt`` only."""
+    return _render(messages, tools, add_generation_prompt, request=True)
+
+
+RENDERER = FastRenderer(render, render_request)
+
+
+def _render(messages: Any, tools: Any, add_generation_prompt: Any, request: bool) -> str:
     tools = checked_tools(tools)
     if type(messages) is not list or not messages or type(messages[0]) is not dict:
         raise Unsupported
+    read = request_text if request else text
     has_system = messages[0].get("role") == "system"
-    system = text(messages[0].get("content")) if has_system else DEFAULT_SYSTEM
+    system = read(messages[0].get("content")) if has_system else DEFAULT_SYSTEM
     if tools:
         out = [f"<|im_start|>system\n{system}\n\n{TOOLS_HEAD}", tool_lines(tools), TOOLS_TAIL]
     else:
@@ -61,7 +77,10 @@ def render(
         role = message.get("role")
         content = message.get("content")
         if type(content) is not str:
-            content = text(content)
+            content = read(content)
+        calls = message.get("tool_calls")
+        if request and check_request_calls(calls) and role != "assistant":
+            validate_request_calls(calls)
         if role == "tool":
             append(
                 f"\n<tool_response>\n{content}\n</tool_response>"
@@ -74,9 +93,8 @@ def render(
             append("<|im_end|>\n")
             in_results = False
         if role == "assistant":
-            calls = message.get("tool_calls")
             if calls:
-                append(_assistant_calls(content, calls))
+                append(_assistant_calls(content, calls, request))
             else:
                 append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
         elif role == "user" or (role == "system" and index):
@@ -90,20 +108,22 @@ def render(
     return "".join(out)
 
 
-def _assistant_calls(content: str, calls: Any) -> str:
+def _assistant_calls(content: str, calls: Any, request: bool) -> str:
     if type(calls) is not list:
         raise Unsupported
     out = ["<|im_start|>assistant\n" + content if content else "<|im_start|>assistant"]
     for call in calls:
-        if type(call) is not dict:
-            raise Unsupported
-        function = call.get("function", call)  # `tool_call.function is defined`
-        if type(function) is not dict or "arguments" not in function:
-            raise Unsupported
+        if request:
+            function = request_function(call)
+            arguments = arguments_json(function.get("arguments"))
+        else:
+            function = call.get("function", call) if type(call) is dict else None
+            if type(function) is not dict or "arguments" not in function:
+                raise Unsupported  # `tool_call.function is defined`, then its arguments
+            arguments = tojson(function["arguments"])
         name = function.get("name")
         if type(name) is not str:
             raise Unsupported
-        arguments = tojson(function["arguments"])
         out.append(f'\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
     out.append("<|im_end|>\n")
     return "".join(out)

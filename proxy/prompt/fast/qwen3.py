@@ -1,33 +1,52 @@
 """Qwen3 (``builtin/qwen3.jinja``): Qwen2.5's tool block without a default system prompt,
 and reasoning: an assistant turn after the last real user query keeps its reasoning in a
 ``<think>`` block (the last turn always does); earlier turns lose it, whether it came as
-``reasoning_content`` or inline ``<think>...</think>``."""
+``reasoning_content`` or inline ``<think>...</think>``. Reads ``enable_thinking``; a
+``namespace`` variable would shadow the template's own ``namespace()``, so that is left to
+the template."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import date
 from typing import Any
 
-from proxy.prompt.fast.common import Unsupported, text, tojson
+from proxy.prompt.fast.common import (
+    FastRenderer,
+    Unsupported,
+    arguments_text,
+    check_request_calls,
+    request_function,
+    request_text,
+    text,
+    tojson,
+    validate_request_calls,
+)
 from proxy.prompt.fast.qwen2_5 import TOOLS_HEAD, TOOLS_TAIL, checked_tools, tool_lines
 
 
 def render(
-    messages: Sequence[Any],
-    tools: Any,
-    add_generation_prompt: Any,
-    today: date | None,
-    **kwargs: Any,
+    messages: Any, tools: Any, add_generation_prompt: Any, today: Any, **variables: Any
 ) -> str:
-    """Reads ``enable_thinking``; a ``namespace`` variable would shadow the template's own
-    ``namespace()``, so that is left to the template."""
-    if "namespace" in kwargs:
+    return _render(messages, tools, add_generation_prompt, variables, request=False)
+
+
+def render_request(
+    messages: Any, tools: Any, add_generation_prompt: Any, today: Any, **variables: Any
+) -> str:
+    return _render(messages, tools, add_generation_prompt, variables, request=True)
+
+
+RENDERER = FastRenderer(render, render_request)
+
+
+def _render(
+    messages: Any, tools: Any, add_generation_prompt: Any, variables: dict[str, Any], request: bool
+) -> str:
+    if "namespace" in variables:
         raise Unsupported
     tools = checked_tools(tools)
     if type(messages) is not list or not messages:
         raise Unsupported
-    contents = _contents(messages)
+    contents = _contents(messages, request)
     has_system = messages[0]["role"] == "system"
     if tools:
         system = f"{contents[0]}\n\n" if has_system else ""
@@ -53,7 +72,7 @@ def render(
             append("<|im_end|>\n")
             in_results = False
         if role == "assistant":
-            append(_assistant(message, content, index > last_query, index == last))
+            append(_assistant(message, content, index > last_query, index == last, request))
         elif role == "user" or (role == "system" and index):
             append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
         elif role != "system":
@@ -62,21 +81,25 @@ def render(
         append("<|im_end|>\n")
     if add_generation_prompt:
         append("<|im_start|>assistant\n")
-        if kwargs.get("enable_thinking", True) is False:
+        if variables.get("enable_thinking", True) is False:
             append("<think>\n\n</think>\n\n")
     return "".join(out)
 
 
-def _contents(messages: list[Any]) -> list[str]:
-    """Every message's content as text; messages must be dicts with a known role."""
+def _contents(messages: list[Any], request: bool) -> list[str]:
+    """Every message's content as text; messages must be dicts with a string role."""
+    read = request_text if request else text
     out = []
     for message in messages:
         if type(message) is not dict:
             raise Unsupported
+        role = message.get("role")
         content = message.get("content")
-        if type(message.get("role")) is not str:
+        if type(role) is not str:
             raise Unsupported
-        out.append(content if type(content) is str else text(content))
+        if request and check_request_calls(message.get("tool_calls")) and role != "assistant":
+            validate_request_calls(message["tool_calls"])
+        out.append(content if type(content) is str else read(content))
     return out
 
 
@@ -90,7 +113,9 @@ def _last_query_index(messages: list[Any], contents: list[str]) -> int:
     return len(messages) - 1
 
 
-def _assistant(message: dict[str, Any], content: str, after_query: bool, last: bool) -> str:
+def _assistant(
+    message: dict[str, Any], content: str, after_query: bool, last: bool, request: bool
+) -> str:
     reasoning = message.get("reasoning_content")
     if reasoning is None:
         reasoning = ""
@@ -115,21 +140,32 @@ def _assistant(message: dict[str, Any], content: str, after_query: bool, last: b
         raise Unsupported
     out = [head]
     for position, call in enumerate(calls):
-        if type(call) is not dict:
-            raise Unsupported
-        function = call.get("function") or call  # `{% if tool_call.function %}`
-        if type(function) is not dict or "arguments" not in function:
-            raise Unsupported
+        if request:
+            function = request_function(call)
+            arguments = arguments_text(function.get("arguments"))
+        else:
+            function = _canonical_function(call)
+            arguments = function["arguments"]
+            if type(arguments) is not str:
+                if isinstance(arguments, str):  # printed by str(), not worth modelling
+                    raise Unsupported
+                arguments = tojson(arguments)
         name = function.get("name")
-        arguments = function["arguments"]
         if type(name) is not str:
             raise Unsupported
-        if type(arguments) is not str:
-            if isinstance(arguments, str):  # printed by str(), not worth modelling
-                raise Unsupported
-            arguments = tojson(arguments)
         newline = "\n" if position or content else ""
         call_json = f'{{"name": "{name}", "arguments": {arguments}}}'
         out.append(f"{newline}<tool_call>\n{call_json}\n</tool_call>")
     out.append("<|im_end|>\n")
     return "".join(out)
+
+
+def _canonical_function(call: Any) -> dict[str, Any]:
+    """``{% if tool_call.function %}{% set tool_call = tool_call.function %}{% endif %}``,
+    where the result has arguments to print."""
+    if type(call) is not dict:
+        raise Unsupported
+    function = call.get("function") or call
+    if type(function) is not dict or "arguments" not in function:
+        raise Unsupported
+    return function
