@@ -18,6 +18,7 @@ from proxy.prompt.fast.common import (
     arguments_json,
     check_request_calls,
     day_string,
+    json_string,
     request_function,
     request_text,
     text,
@@ -149,7 +150,9 @@ def _render(
             continue
         role = message.get("role")
         if role == "tool" or role == "ipython":
-            append(f"<|start_header_id|>ipython<|end_header_id|>\n\n{tojson(content)}<|eot_id|>")
+            append(
+                f"<|start_header_id|>ipython<|end_header_id|>\n\n{json_string(content)}<|eot_id|>"
+            )
         elif type(role) is str:
             append(f"<|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}<|eot_id|>")
         else:

@@ -79,7 +79,7 @@ def _render(messages: Any, tools: Any, add_generation_prompt: Any, request: bool
         if type(content) is not str:
             content = read(content)
         calls = message.get("tool_calls")
-        if request and check_request_calls(calls) and role != "assistant":
+        if calls is not None and request and check_request_calls(calls) and role != "assistant":
             validate_request_calls(calls)
         if role == "tool":
             append(
