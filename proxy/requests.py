@@ -48,6 +48,11 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     in slower than ``timeout_s`` allows."""
     if request.content_length is not None and request.content_length > limit:
         raise ProxyError(413, f"request body exceeds {limit} bytes", "body_too_large")
+    if request.content.is_eof():  # the whole body came with the head: nothing to wait for
+        body = request.content.read_nowait()
+        if len(body) > limit:
+            raise ProxyError(413, f"request body exceeds {limit} bytes", "body_too_large")
+        return body
     chunks = []
     size = 0
     try:

@@ -51,6 +51,13 @@ class Policy:
                 return Decision(ranked=[], reason=f"filtered_{fname}")
             candidates = kept
 
+        if len(candidates) == 1:  # nothing to weigh
+            only = candidates[0].id
+            return Decision(
+                ranked=[only],
+                reason="only_candidate",
+                matched_blocks={only: index.match(only, req.block_hashes)},
+            )
         ids = [b.id for b in candidates]
         matched = [index.match(i, req.block_hashes) for i in ids]
         totals = [0.0] * len(candidates)
@@ -85,8 +92,6 @@ class Policy:
         per_scorer: dict[str, list[float]],
         overruled: bool,
     ) -> str:
-        if len(order) == 1:
-            return "only_candidate"
         if overruled:
             return "bounded_load"
         win, runner = order[0], order[1]
