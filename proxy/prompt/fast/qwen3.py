@@ -44,22 +44,31 @@ def _render(
     if "namespace" in variables:
         raise Unsupported
     tools = checked_tools(tools)
-    if type(messages) is not list or not messages:
+    if type(messages) is not list or not messages or type(messages[0]) is not dict:
         raise Unsupported
-    contents = _contents(messages, request)
-    has_system = messages[0]["role"] == "system"
-    if tools:
-        system = f"{contents[0]}\n\n" if has_system else ""
-        out = [f"<|im_start|>system\n{system}{TOOLS_HEAD}", tool_lines(tools), TOOLS_TAIL]
+    read = request_text if request else text
+    if messages[0].get("role") == "system":
+        system = read(messages[0].get("content"))
+        if tools:
+            out = [f"<|im_start|>system\n{system}\n\n{TOOLS_HEAD}", tool_lines(tools), TOOLS_TAIL]
+        else:
+            out = [f"<|im_start|>system\n{system}<|im_end|>\n"]
     else:
-        out = [f"<|im_start|>system\n{contents[0]}<|im_end|>\n"] if has_system else []
+        out = [f"<|im_start|>system\n{TOOLS_HEAD}", tool_lines(tools), TOOLS_TAIL] if tools else []
     append = out.append
     last = len(messages) - 1
-    last_query = _last_query_index(messages, contents)
+    last_query = _last_query_index(messages, read)
     in_results = False  # inside a run of tool messages (one user turn)
     for index, message in enumerate(messages):
-        role = message["role"]
-        content = contents[index]
+        if type(message) is not dict:
+            raise Unsupported
+        role = message.get("role")
+        content = message.get("content")
+        if type(content) is not str:
+            content = read(content)
+        calls = message.get("tool_calls")
+        if calls is not None and request and check_request_calls(calls) and role != "assistant":
+            validate_request_calls(calls)
         if role == "tool":
             append(
                 f"\n<tool_response>\n{content}\n</tool_response>"
@@ -86,28 +95,15 @@ def _render(
     return "".join(out)
 
 
-def _contents(messages: list[Any], request: bool) -> list[str]:
-    """Every message's content as text; messages must be dicts with a string role."""
-    read = request_text if request else text
-    out = []
-    for message in messages:
-        if type(message) is not dict:
-            raise Unsupported
-        role = message.get("role")
-        content = message.get("content")
-        if type(role) is not str:
-            raise Unsupported
-        if request and check_request_calls(message.get("tool_calls")) and role != "assistant":
-            validate_request_calls(message["tool_calls"])
-        out.append(content if type(content) is str else read(content))
-    return out
-
-
-def _last_query_index(messages: list[Any], contents: list[str]) -> int:
-    """The last user message that is not a wrapped tool response (else the last message)."""
+def _last_query_index(messages: list[Any], read: Any) -> int:
+    """The last user message that is not a wrapped tool response (else the last message);
+    messages it cannot read are left for the main loop to refuse."""
     for index in range(len(messages) - 1, -1, -1):
-        if messages[index]["role"] == "user":
-            content = contents[index]
+        message = messages[index]
+        if type(message) is dict and message.get("role") == "user":
+            content = message.get("content")
+            if type(content) is not str:
+                content = read(content)
             if not (content.startswith("<tool_response>") and content.endswith("</tool_response>")):
                 return index
     return len(messages) - 1
