@@ -15,7 +15,7 @@ start with, a key hashed shortly before. The latest keys are remembered (up to
 ``REMEMBERED_BYTES`` of them, a few per first block); the blocks a new key shares with one
 of them are found by comparing (memcmp, ~50x faster than hashing them) and their hashes
 reused, and a key that extends a remembered one only has its new end encoded. The result
-is the same list either way.
+is the same list either way. The memory is for one thread (the proxy's event loop).
 """
 
 from __future__ import annotations

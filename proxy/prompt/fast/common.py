@@ -127,8 +127,9 @@ def tojson(value: Any) -> str:
 
 class TextMemo:
     """A str -> value memo for work that agents repeat every turn (they resend the whole
-    conversation); it forgets everything once its keys hold ``limit`` characters. ``get``
-    is the dict's own (a lookup costs one C call)."""
+    conversation); it forgets everything once its keys hold ``limit`` characters, and
+    keeps no key longer than a sixteenth of that. ``get`` is the dict's own (a lookup costs
+    one C call). For one thread (the proxy renders on its event loop)."""
 
     __slots__ = ("_chars", "_items", "get", "limit")
 
@@ -139,7 +140,7 @@ class TextMemo:
         self.get = self._items.get
 
     def put(self, key: str, value: Any) -> None:
-        if len(key) > self.limit // 64:
+        if len(key) > self.limit // 16:
             return
         self._chars += len(key)
         if self._chars > self.limit:
@@ -150,7 +151,7 @@ class TextMemo:
 
 # Tool results, printed as JSON strings by the Llama templates (escaping costs ~3 ns a
 # character; looking a string up costs a tenth of that).
-_json_strings = TextMemo(1 << 22)
+_json_strings = TextMemo(1 << 23)
 
 
 def json_string(value: str) -> str:
