@@ -94,7 +94,7 @@ def _render(messages: Any, tools: Any, add_generation_prompt: Any, request: bool
             in_results = False
         if role == "assistant":
             if calls:
-                append(_assistant_calls(content, calls, request))
+                _assistant_calls(append, content, calls, request)
             else:
                 append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
         elif role == "user" or (role == "system" and index):
@@ -108,10 +108,10 @@ def _render(messages: Any, tools: Any, add_generation_prompt: Any, request: bool
     return "".join(out)
 
 
-def _assistant_calls(content: str, calls: Any, request: bool) -> str:
+def _assistant_calls(append: Any, content: str, calls: Any, request: bool) -> None:
     if type(calls) is not list:
         raise Unsupported
-    out = ["<|im_start|>assistant\n" + content if content else "<|im_start|>assistant"]
+    append("<|im_start|>assistant\n" + content if content else "<|im_start|>assistant")
     for call in calls:
         if request:
             function = request_function(call)
@@ -124,6 +124,5 @@ def _assistant_calls(content: str, calls: Any, request: bool) -> str:
         name = function.get("name")
         if type(name) is not str:
             raise Unsupported
-        out.append(f'\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
-    out.append("<|im_end|>\n")
-    return "".join(out)
+        append(f'\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+    append("<|im_end|>\n")

@@ -81,7 +81,7 @@ def _render(
             append("<|im_end|>\n")
             in_results = False
         if role == "assistant":
-            append(_assistant(message, content, index > last_query, index == last, request))
+            _assistant(append, message, content, index > last_query, index == last, request)
         elif role == "user" or (role == "system" and index):
             append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
         elif role != "system":
@@ -110,8 +110,13 @@ def _last_query_index(messages: list[Any], read: Any) -> int:
 
 
 def _assistant(
-    message: dict[str, Any], content: str, after_query: bool, last: bool, request: bool
-) -> str:
+    append: Any,
+    message: dict[str, Any],
+    content: str,
+    after_query: bool,
+    last: bool,
+    request: bool,
+) -> None:
     reasoning = message.get("reasoning_content")
     if reasoning is None:
         reasoning = ""
@@ -121,39 +126,36 @@ def _assistant(
     elif type(reasoning) is not str:
         raise Unsupported
     if after_query and (last or reasoning):
-        head = (
+        append(
             "<|im_start|>assistant\n<think>\n"
             + reasoning.strip("\n")
             + "\n</think>\n\n"
             + content.lstrip("\n")
         )
     else:
-        head = "<|im_start|>assistant\n" + content
+        append("<|im_start|>assistant\n" + content)
     calls = message.get("tool_calls")
-    if not calls:
-        return head + "<|im_end|>\n"
-    if type(calls) is not list:
-        raise Unsupported
-    out = [head]
-    for position, call in enumerate(calls):
-        if request:
-            function = request_function(call)
-            arguments = arguments_text(function.get("arguments"))
-        else:
-            function = _canonical_function(call)
-            arguments = function["arguments"]
-            if type(arguments) is not str:
-                if isinstance(arguments, str):  # printed by str(), not worth modelling
-                    raise Unsupported
-                arguments = tojson(arguments)
-        name = function.get("name")
-        if type(name) is not str:
+    if calls:
+        if type(calls) is not list:
             raise Unsupported
-        newline = "\n" if position or content else ""
-        call_json = f'{{"name": "{name}", "arguments": {arguments}}}'
-        out.append(f"{newline}<tool_call>\n{call_json}\n</tool_call>")
-    out.append("<|im_end|>\n")
-    return "".join(out)
+        for position, call in enumerate(calls):
+            if request:
+                function = request_function(call)
+                arguments = arguments_text(function.get("arguments"))
+            else:
+                function = _canonical_function(call)
+                arguments = function["arguments"]
+                if type(arguments) is not str:
+                    if isinstance(arguments, str):  # printed by str(), not worth modelling
+                        raise Unsupported
+                    arguments = tojson(arguments)
+            name = function.get("name")
+            if type(name) is not str:
+                raise Unsupported
+            newline = "\n" if position or content else ""
+            call_json = f'{{"name": "{name}", "arguments": {arguments}}}'
+            append(f"{newline}<tool_call>\n{call_json}\n</tool_call>")
+    append("<|im_end|>\n")
 
 
 def _canonical_function(call: Any) -> dict[str, Any]:
