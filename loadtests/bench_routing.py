@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(results_doc))
     print(f"\nrows written to {out}")
     if args.charts:
-        from loadtests.charts import check_results, write_charts
+        from loadtests.charts import load_results, write_charts
 
-        for path in write_charts(check_results(results_doc), out.parent):
+        for path in write_charts(load_results(out), out.parent):
             print(f"chart: {path}")
     return 0
 
