@@ -310,6 +310,10 @@ class ProxyApp:
             if rt.config.telemetry.debug_header and request.headers.get(DEBUG_HEADER):
                 reply_headers[DECISION_HEADER] = orjson.dumps(_decision_summary(decision)).decode()
             self._remember(rid, model, view, decision)
+            if view.block_hashes:
+                # The chosen engine starts on this prompt now: the next request of a burst
+                # that shares it should find it there, not wait for this one's first byte.
+                self.index.insert(decision.ranked[0], view.block_hashes)
             assert self.forwarder is not None
             resp = await self.forwarder.forward(
                 request,
@@ -407,12 +411,13 @@ class ProxyApp:
         endpoint: str,
         started: float,
     ) -> None:
-        """The first byte is in hand: the engine has this prompt now."""
+        """The first byte is in hand: the engine has this prompt now; tell the peers."""
         self.metrics.ttft.labels(endpoint).observe(self.clock() - started)
         backend.requests += 1
         if view.block_hashes:
             matched = decision.matched_blocks.get(backend.url, 0)
-            self.index.insert(backend.url, view.block_hashes)
+            if backend.url != decision.ranked[0]:  # a retry landed elsewhere
+                self.index.insert(backend.url, view.block_hashes)
             self.cluster.publish(backend.url, view.block_hashes)
             self.metrics.match_ratio.observe(matched / len(view.block_hashes))
             backend.predicted_hit_tokens += min(view.prompt_tokens, matched * view.block_tokens)
