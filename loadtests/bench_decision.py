@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import time
 import timeit
 import tracemalloc
 from collections.abc import Callable
@@ -51,7 +52,18 @@ def views(now: float) -> list[BackendView]:
     ]
 
 
+def once_each_us(fn: Callable[[dict], object], bodies: list[dict]) -> float:
+    """Mean time of ``fn`` over ``bodies``, each used once (nothing repeats)."""
+    t0 = time.perf_counter()
+    for body in bodies:
+        fn(body)
+    return (time.perf_counter() - t0) / len(bodies) * 1e6
+
+
 def bench_path(model: str, policy_name: str, block_chars: int) -> None:
+    """Render + hash three ways: *repeat* (the identical body again: every memo hits),
+    *next turn* (the previous body plus a new tool call and result: what an agent sends),
+    *cold* (a conversation never seen: nothing shared with anything before)."""
     policy = resolve_policy(policy_name, None)
     registry = TemplateRegistry(PromptConfig(block_chars=block_chars))
     backends = views(0.0)
@@ -59,28 +71,54 @@ def bench_path(model: str, policy_name: str, block_chars: int) -> None:
         f"model {model!r}, policy {policy_name!r}, {BACKENDS} backends, {block_chars}-byte blocks"
     )
     head = (
-        f"{'tokens':>7} {'blocks':>6} {'parse':>8} {'render':>8} {'hash':>8} {'decide':>8} "
-        f"{'total':>8} {'no parse':>9}"
+        f"{'tokens':>7} {'blocks':>6} {'parse':>7} {'repeat':>7} {'next':>7} {'cold':>7} "
+        f"{'decide':>7} {'total next':>10} {'total cold':>10}"
     )
-    print(head + "   (microseconds per request)")
+    print(head + "   (microseconds per request; render+hash in repeat/next/cold)")
+
+    def key(body: dict) -> list[int]:
+        return block_hashes(routing_text("chat", body, registry) or "", block_chars, 8192)
+
     for tokens in SIZES:
-        body = agent_chat(tokens) | {"model": model}
-        raw = orjson.dumps(body)
-        parsed = orjson.loads(raw)
-        text = routing_text("chat", parsed, registry) or ""
-        hashes = block_hashes(text, block_chars, 8192)
+        base = agent_chat(tokens) | {"model": model}
+        raw = orjson.dumps(base)
+        hashes = key(base)
         index = PrefixIndex(1_000_000)
         for i, b in enumerate(backends):  # one backend holds it all, others share the start
             index.insert(b.id, hashes if i == 3 else hashes[: len(hashes) // (i + 2)])
-        req = RequestView(model, hashes, block_chars / 4, len(text) // 4, "session-1", 1, 0.0)
+        req = RequestView(model, hashes, block_chars / 4, tokens, "session-1", 1, 0.0)
+        turns = []
+        messages = list(base["messages"])
+        for step in range(20):
+            arguments = f'{{"path": "new_{step}.py"}}'
+            call = {
+                "id": f"x{step}",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": arguments},
+            }
+            messages = [
+                *messages,
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"x{step}", "content": f"file {step} " * 40},
+            ]
+            turns.append(base | {"messages": messages})
+        colds = []
+        for n in range(8):
+            fresh = orjson.loads(raw)
+            fresh["messages"][0]["content"] = (
+                f"[deployment {n} {time.time_ns()}] " + fresh["messages"][0]["content"]
+            )
+            colds.append(fresh)
         t_parse = best_us(lambda raw=raw: orjson.loads(raw))
-        t_render = best_us(lambda p=parsed: routing_text("chat", p, registry))
-        t_hash = best_us(lambda t=text: block_hashes(t, block_chars, 8192))
+        t_repeat = best_us(lambda b=base: key(b))
+        key(base)
+        t_next = once_each_us(key, turns)
+        t_cold = once_each_us(key, colds)
         t_decide = best_us(lambda r=req, ix=index: policy.decide(r, backends, ix))
-        total = t_parse + t_render + t_hash + t_decide
         print(
-            f"{tokens:>7} {len(hashes):>6} {t_parse:>8.0f} {t_render:>8.0f} {t_hash:>8.0f} "
-            f"{t_decide:>8.0f} {total:>8.0f} {total - t_parse:>9.0f}"
+            f"{tokens:>7} {len(hashes):>6} {t_parse:>7.0f} {t_repeat:>7.0f} {t_next:>7.0f} "
+            f"{t_cold:>7.0f} {t_decide:>7.0f} {t_parse + t_next + t_decide:>10.0f} "
+            f"{t_parse + t_cold + t_decide:>10.0f}"
         )
 
 
