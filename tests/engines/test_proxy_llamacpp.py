@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 
 from loadtests.proxy_process import ProxyProcess
 from loadtests.workload import WorkloadSpec, run_workload
-from proxy.backends.metrics import parse_metrics
+from tests.engines.cache_counters import prefix_cache_counters
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.engines]
 MODEL = "tiny-llama"
@@ -31,20 +31,6 @@ async def wait_until(check, timeout_s: float = 10.0) -> None:
     while not await check():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.1)
-
-
-async def engine_cache_counters(
-    session: aiohttp.ClientSession, urls: list[str]
-) -> tuple[float, float]:
-    """(cached prompt tokens, all prompt tokens) summed over the replicas' own /metrics."""
-    cached = queried = 0.0
-    for url in urls:
-        async with session.get(url + "/metrics") as r:
-            snap = parse_metrics(await r.text(), 0.0).engine
-        assert snap is not None and snap.cache_hit_tokens is not None
-        cached += snap.cache_hit_tokens
-        queried += snap.cache_query_tokens or 0.0
-    return cached, queried
 
 
 async def test_openai_client_through_the_proxy(llama_fleet, http_session):
@@ -108,9 +94,9 @@ async def test_default_beats_round_robin_on_the_engines_own_cache_counters(
     for policy in ("default", "round-robin"):
         async with llama_fleet_factory(n=3, ctx=8192, extra_args=("--cache-ram", "0")) as fleet:
             with ProxyProcess(fleet.urls, policy=policy, config=CONFIG) as proxy:
-                before = await engine_cache_counters(http_session, fleet.urls)
+                before = await prefix_cache_counters(http_session, fleet.urls)
                 await run_agents(proxy.url)
-                after = await engine_cache_counters(http_session, fleet.urls)
+                after = await prefix_cache_counters(http_session, fleet.urls)
                 shares[policy] = (after[0] - before[0]) / (after[1] - before[1])
                 if policy == "default":
                     await assert_prediction_tracks_engines(http_session, proxy)

@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 
 from loadtests.proxy_process import ProxyProcess
 from loadtests.workload import WorkloadSpec, run_workload
-from proxy.backends.metrics import parse_metrics
+from tests.engines.cache_counters import prefix_cache_counters
 
 if TYPE_CHECKING:
     from loadtests.engines.vllm_cpu import VllmFleet
@@ -61,18 +61,6 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield client
 
 
-async def counters(session: aiohttp.ClientSession, urls: list[str]) -> tuple[float, float]:
-    """(prefix-cache hit tokens, queried tokens) summed over the replicas' own /metrics."""
-    hits = queries = 0.0
-    for url in urls:
-        async with session.get(url + "/metrics") as r:
-            snap = parse_metrics(await r.text(), 0.0).engine
-        assert snap is not None and snap.cache_hit_tokens is not None
-        hits += snap.cache_hit_tokens
-        queries += snap.cache_query_tokens or 0.0
-    return hits, queries
-
-
 async def test_openai_client_and_real_vllm_metrics(vllm_fleet, session):
     with ProxyProcess(vllm_fleet.urls, config=config()) as proxy:
         client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
@@ -108,13 +96,13 @@ async def test_default_beats_round_robin_on_vllm_prefix_cache(vllm_fleet, sessio
     shares = {}
     for i, policy in enumerate(("default", "round-robin")):
         with ProxyProcess(vllm_fleet.urls, policy=policy, config=config()) as proxy:
-            before = await counters(session, vllm_fleet.urls)
+            before = await prefix_cache_counters(session, vllm_fleet.urls)
             result = await run_workload(
                 proxy.url, dataclasses.replace(spec, seed=spec.seed + i), model=MODEL,
                 deadline_s=300, request_timeout_s=120,
             )  # fmt: skip
             assert result.summary().errors == 0, [r.error for r in result.records if not r.ok][:3]
-            after = await counters(session, vllm_fleet.urls)
+            after = await prefix_cache_counters(session, vllm_fleet.urls)
             shares[policy] = (after[0] - before[0]) / (after[1] - before[1])
     print(f"\nvLLM prefix-cache hit share (vllm:prefix_cache_hits_total deltas): {shares}")
     assert shares["default"] - shares["round-robin"] >= 0.1, shares
