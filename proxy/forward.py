@@ -58,6 +58,7 @@ class ForwardResult:
     error_kind: str | None = None
     client_aborted: bool = False
     retries: list[str] = field(default_factory=list)
+    stale_retry: str | None = None
     trace: RequestTrace = NO_TRACE
 
 
@@ -102,6 +103,11 @@ class Forwarder:
                 outcome = await self._attempt(
                     request, body, backend, cfg, headers, on_commit, response_headers, result
                 )
+                if isinstance(outcome, StaleConnection) and result.attempts < cfg.max_attempts:
+                    result.attempts += 1  # the same backend again, on a fresh connection
+                    outcome = await self._attempt(
+                        request, body, backend, cfg, headers, on_commit, response_headers, result
+                    )
             finally:
                 backend.inflight -= 1
             if isinstance(outcome, web.StreamResponse):
@@ -153,6 +159,9 @@ class Forwarder:
             if upstream is not None:
                 upstream.close()
             log.debug("upstream %s failed before first byte: %r", backend.url, e)
+            if upstream is None and _stale(e) and result.stale_retry is None:
+                result.stale_retry = backend.url
+                return StaleConnection()
             return self._failed(backend, result, "connect")
         except asyncio.CancelledError:
             if upstream is not None:
@@ -271,6 +280,23 @@ class Forwarder:
         return ProxyError(
             502, "could not reach any backend for the request", "upstream_unavailable"
         )
+
+
+class StaleConnection(ProxyError):
+    """A pooled keep-alive connection the backend had already closed: not the backend's
+    fault, so it is retried once on a fresh connection and not counted against it."""
+
+    def __init__(self) -> None:
+        super().__init__(502, "upstream closed a pooled connection", "upstream_unavailable")
+
+
+def _stale(error: BaseException) -> bool:
+    """The connection broke on first use (reset, or closed before any response), as opposed
+    to a connect that failed: the mark of a keep-alive connection the server dropped."""
+    return isinstance(error, aiohttp.ServerDisconnectedError) or (
+        isinstance(error, aiohttp.ClientOSError)
+        and not isinstance(error, aiohttp.ClientConnectorError)
+    )
 
 
 class UpstreamStatusError(ProxyError):

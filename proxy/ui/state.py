@@ -78,13 +78,13 @@ def ui_state(proxy: ProxyApp, history: SampleHistory, decisions_limit: int) -> d
                 now - recent.at,
             )
         )
-    cluster = getattr(proxy, "cluster", None)
+    cluster = proxy.cluster.status()
     decisions = proxy.recent_decisions(decisions_limit)
     return {
         "at": time.time(),
         "policy": proxy.runtime.policy.name,
         "fleet": _fleet(backends, current, recent, slow),
-        "cluster": cluster.status() if cluster is not None else None,
+        "cluster": cluster if cluster["enabled"] else None,
         "backends": backends,
         "decisions": decisions[::-1],
     }
