@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import tempfile
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -74,3 +76,15 @@ class Fleet:
         if self._log_dir is not None:
             self._log_dir.cleanup()
             self._log_dir = None
+
+
+async def serve_until_stopped(fleet: Fleet) -> None:
+    """Run ``fleet`` until SIGTERM (or Ctrl-C in the caller), printing where it listens."""
+    started = time.monotonic()
+    async with fleet:
+        print(f"{len(fleet.replicas)} replicas healthy in {time.monotonic() - started:.1f}s")
+        for replica in fleet.replicas:
+            print(f"  {replica.url}  rss {replica.rss_bytes() / 2**20:.1f} MiB", flush=True)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()

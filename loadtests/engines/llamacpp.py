@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -22,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loadtests.engines.cache import cache_root, file_lock
-from loadtests.engines.fleet import Fleet
+from loadtests.engines.fleet import Fleet, serve_until_stopped
 from loadtests.engines.replica import HOST
 from loadtests.engines.tiny_gguf import MODEL_NAME, write_tiny_gguf
 
@@ -163,18 +162,6 @@ class LlamaFleet(Fleet):
         ]  # fmt: skip
 
 
-async def _serve(n: int) -> None:
-    """Run a fleet until SIGTERM or Ctrl-C, then stop it cleanly."""
-    started = time.monotonic()
-    async with LlamaFleet(n) as fleet:
-        print(f"{n} replicas healthy in {time.monotonic() - started:.2f}s", flush=True)
-        for replica in fleet.replicas:
-            print(f"  {replica.url}  rss {replica.rss_bytes() / 2**20:.1f} MiB", flush=True)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m loadtests.engines.llamacpp")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -192,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(write_tiny_gguf(args.out))
     else:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(args.n))
+            asyncio.run(serve_until_stopped(LlamaFleet(args.n)))
 
 
 if __name__ == "__main__":

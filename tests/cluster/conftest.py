@@ -6,7 +6,6 @@ import asyncio
 import ctypes
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,11 @@ import pytest
 import pytest_asyncio
 import redis
 
+from loadtests.fleet import free_port
+
 REDIS_SERVER = shutil.which("redis-server")
 OPENSSL = shutil.which("openssl")
 PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
